@@ -1,0 +1,88 @@
+package k8s
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Protocol is a service port's transport protocol.
+type Protocol string
+
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// Number returns the IP protocol number.
+func (p Protocol) Number() uint8 {
+	switch p {
+	case UDP:
+		return 17
+	case SCTP:
+		return 132
+	}
+	return 6
+}
+
+// ServicePortName identifies one port of one service.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; may be empty for single-port services
+	Protocol  Protocol
+}
+
+// String prints namespace/name:port, kube-proxy's notation.
+func (n ServicePortName) String() string {
+	return fmt.Sprintf("%s/%s:%s", n.Namespace, n.Name, n.Port)
+}
+
+// Endpoint is one backend address of a service port, with its conditions.
+type Endpoint struct {
+	Addr        netip.Addr
+	Port        uint16
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	// ZoneHints and NodeHints are the topology hints of the EndpointSlice.
+	ZoneHints []string
+	NodeHints []string
+}
+
+// ServicePort is everything the proxier needs to know about one port of one
+// service, already validated. Addresses of both families may be present; the
+// compiler picks the ones of the family it compiles.
+type ServicePort struct {
+	Name                     ServicePortName
+	ClusterIPs               []netip.Addr
+	Port                     uint16
+	NodePort                 uint16 // 0 when none
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+	ExternalPolicyLocal      bool
+	InternalPolicyLocal      bool
+	HealthCheckNodePort      uint16
+	AffinityTimeout          time.Duration // > 0 for sessionAffinity ClientIP
+	TrafficDistribution      string
+	Endpoints                []Endpoint // sorted by address, then port
+}
+
+// Node is what the proxier knows about the node it runs on.
+type Node struct {
+	Name   string
+	Addrs  []netip.Addr
+	Zone   string
+	Labels map[string]string
+}
+
+// Snapshot is an immutable view of the desired state. Services are sorted by
+// name (namespace, name, port name, protocol). Consumers must not modify it.
+type Snapshot struct {
+	Services []ServicePort
+	Node     Node
+}

@@ -1,0 +1,247 @@
+package nftmodel
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Family is the address family of a table.
+type Family uint8
+
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+// String returns the nft family keyword.
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// Ruleset is one table: everything nftproxy owns in one family.
+// Sets and Chains are kept in the order they are created in the kernel, which
+// is also the order `nft list table` prints them in.
+type Ruleset struct {
+	Family Family
+	Table  string
+	Sets   []*Set
+	Chains []*Chain
+}
+
+// ChainType is the type of a base chain.
+type ChainType uint8
+
+const (
+	TypeFilter ChainType = iota
+	TypeNAT
+)
+
+func (t ChainType) String() string {
+	if t == TypeNAT {
+		return "nat"
+	}
+	return "filter"
+}
+
+// Hook is a netfilter hook a base chain is attached to.
+type Hook uint8
+
+const (
+	HookPrerouting Hook = iota
+	HookInput
+	HookForward
+	HookOutput
+	HookPostrouting
+)
+
+func (h Hook) String() string {
+	return [...]string{"prerouting", "input", "forward", "output", "postrouting"}[h]
+}
+
+// BaseChain makes a chain a base chain: attached to a hook at a priority.
+type BaseChain struct {
+	Type     ChainType
+	Hook     Hook
+	Priority int32
+}
+
+// Chain is a chain with its rules in order.
+type Chain struct {
+	Name  string
+	Base  *BaseChain // nil for a regular chain
+	Rules []Rule
+}
+
+// Rule is a sequence of expressions evaluated left to right, with an optional
+// comment (nftproxy puts namespace/name:port there).
+type Rule struct {
+	Exprs   []Expr
+	Comment string
+}
+
+// Field is a packet or metadata field used in matches and set keys.
+type Field uint8
+
+const (
+	FieldSaddr   Field = iota // ip saddr / ip6 saddr
+	FieldDaddr                // ip daddr / ip6 daddr
+	FieldL4Proto              // meta l4proto
+	FieldTHDport              // th dport
+)
+
+// Expr is one expression of a rule. The set of expressions is closed: only the
+// types in this package implement it.
+type Expr interface{ isExpr() }
+
+// MatchPrefix matches the source or destination address against a prefix
+// (a full-length prefix matches one address).
+type MatchPrefix struct {
+	Field  Field // FieldSaddr or FieldDaddr
+	Prefix netip.Prefix
+	Negate bool
+}
+
+// MatchL4Proto matches the layer 4 protocol number.
+type MatchL4Proto struct{ Proto uint8 }
+
+// MatchMark matches whether any of the bits in Mask are set in the packet mark.
+type MatchMark struct {
+	Mask  uint32
+	IsSet bool // true: meta mark & Mask != 0; false: == 0
+}
+
+// MatchFibDaddrLocal matches packets whose destination is a local address.
+type MatchFibDaddrLocal struct{}
+
+// MatchCtStateInvalid matches packets conntrack considers invalid.
+type MatchCtStateInvalid struct{}
+
+// MatchCtStatusDNAT matches packets of connections that were DNATed.
+type MatchCtStatusDNAT struct{}
+
+// MatchSet matches when the concatenation of Key is an element of the named set.
+type MatchSet struct {
+	Key []Field
+	Set string
+}
+
+// VerdictMap looks the concatenation of Key up in a named verdict map and
+// applies the verdict found; no verdict (continue) when the key is absent.
+type VerdictMap struct {
+	Key []Field
+	Map string
+}
+
+// NumgenGoto picks one of Chains at random with equal probability
+// (numgen random mod len(Chains)) and goes to it.
+type NumgenGoto struct{ Chains []string }
+
+// MarkOr sets bits in the packet mark.
+type MarkOr struct{ Bits uint32 }
+
+// MarkXor flips bits in the packet mark.
+type MarkXor struct{ Bits uint32 }
+
+// DNATMap rewrites the destination address and port to the value the named
+// map holds for the concatenation of Key.
+type DNATMap struct {
+	Key []Field
+	Map string
+}
+
+// DNAT rewrites the destination to Addr:Port for the protocol Proto.
+type DNAT struct {
+	Proto uint8
+	Addr  netip.Addr
+	Port  uint16
+}
+
+// Masquerade source-NATs to the outgoing interface's address.
+type Masquerade struct{ FullyRandom bool }
+
+// Reject refuses the packet: a TCP reset when TCPReset (TCP packets only),
+// otherwise an ICMP port unreachable.
+type Reject struct{ TCPReset bool }
+
+// VerdictKind is the kind of a verdict.
+type VerdictKind uint8
+
+const (
+	Accept VerdictKind = iota
+	Drop
+	Return
+	Jump
+	Goto
+)
+
+// Verdict ends or redirects rule evaluation.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string // for Jump and Goto
+}
+
+func (MatchPrefix) isExpr()         {}
+func (MatchL4Proto) isExpr()        {}
+func (MatchMark) isExpr()           {}
+func (MatchFibDaddrLocal) isExpr()  {}
+func (MatchCtStateInvalid) isExpr() {}
+func (MatchCtStatusDNAT) isExpr()   {}
+func (MatchSet) isExpr()            {}
+func (VerdictMap) isExpr()          {}
+func (NumgenGoto) isExpr()          {}
+func (MarkOr) isExpr()              {}
+func (MarkXor) isExpr()             {}
+func (DNATMap) isExpr()             {}
+func (DNAT) isExpr()                {}
+func (Masquerade) isExpr()          {}
+func (Reject) isExpr()              {}
+func (Verdict) isExpr()             {}
+
+// DataType is the type of one part of a set key or map value.
+type DataType uint8
+
+const (
+	TypeIPv4Addr DataType = iota
+	TypeIPv6Addr
+	TypeInetProto
+	TypeInetService
+	TypeVerdict // only as the whole value of a verdict map
+)
+
+// Set is a named set (Data empty) or map (Data set). A verdict map has
+// Data == []DataType{TypeVerdict}.
+type Set struct {
+	Name     string
+	Key      []DataType
+	Data     []DataType
+	Timeout  time.Duration // default element timeout; 0 for none
+	Elements []Element
+}
+
+// IsVerdictMap tells whether the set maps keys to verdicts.
+func (s *Set) IsVerdictMap() bool { return len(s.Data) == 1 && s.Data[0] == TypeVerdict }
+
+// Value is one part of a concatenated key or value: an address for the
+// address types, a number for protocols and ports.
+type Value struct {
+	Addr netip.Addr
+	Num  uint32
+}
+
+// A returns an address value.
+func A(a netip.Addr) Value { return Value{Addr: a} }
+
+// N returns a numeric value (protocol number or port).
+func N(n uint32) Value { return Value{Num: n} }
+
+// Element is one element of a set or map. Data is the value of a data map;
+// Verdict the value of a verdict map.
+type Element struct {
+	Key     []Value
+	Data    []Value
+	Verdict *Verdict
+	Comment string
+}
