@@ -1,0 +1,27 @@
+package nftmodel
+
+// Changes is what turns an applied ruleset into a desired one. The applier
+// sends it as one batch in this order, so every reference is valid at each
+// step: add sets, add chains, delete elements, rewrite chains (flush, then add
+// their rules), add elements, delete chains, delete sets.
+type Changes struct {
+	AddSets       []*Set   // new sets, with their elements
+	AddChains     []*Chain // new chains; their rules are added in the rewrite step
+	DelElements   []SetElements
+	RewriteChains []*Chain // chains whose rules change (new chains included)
+	AddElements   []SetElements
+	DelChains     []string
+	DelSets       []string
+}
+
+// SetElements names elements of one set.
+type SetElements struct {
+	Set      string
+	Elements []Element
+}
+
+// Empty tells whether there is nothing to change.
+func (c *Changes) Empty() bool {
+	return len(c.AddSets) == 0 && len(c.AddChains) == 0 && len(c.DelElements) == 0 &&
+		len(c.RewriteChains) == 0 && len(c.AddElements) == 0 && len(c.DelChains) == 0 && len(c.DelSets) == 0
+}
