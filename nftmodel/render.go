@@ -1,0 +1,330 @@
+package nftmodel
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Render prints rs in nft syntax, exactly as `nft list table` prints the table
+// after the same ruleset has been applied: sets first, then chains, each in
+// model order; elements in the order nft sorts them.
+func Render(rs *Ruleset) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table %s %s {\n", rs.Family, rs.Table)
+	first := true
+	sep := func() {
+		if !first {
+			b.WriteString("\n")
+		}
+		first = false
+	}
+	for _, s := range rs.Sets {
+		sep()
+		renderSet(&b, rs.Family, s)
+	}
+	for _, c := range rs.Chains {
+		sep()
+		renderChain(&b, rs.Family, c)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+func renderSet(b *strings.Builder, f Family, s *Set) {
+	kind := "set"
+	if len(s.Data) > 0 {
+		kind = "map"
+	}
+	fmt.Fprintf(b, "\t%s %s {\n", kind, s.Name)
+	fmt.Fprintf(b, "\t\ttype %s", typeNames(f, s.Key))
+	if len(s.Data) > 0 {
+		fmt.Fprintf(b, " : %s", typeNames(f, s.Data))
+	}
+	b.WriteString("\n")
+	if s.Timeout > 0 {
+		b.WriteString("\t\tsize 65535\n\t\tflags dynamic,timeout\n")
+		fmt.Fprintf(b, "\t\ttimeout %s\n", formatDuration(s.Timeout))
+	}
+	if len(s.Elements) > 0 {
+		b.WriteString("\t\telements = { ")
+		for i, e := range SortedElements(s) {
+			if i > 0 {
+				b.WriteString(",\n\t\t\t     ")
+			}
+			b.WriteString(renderElement(s, e))
+		}
+		b.WriteString(" }\n")
+	}
+	b.WriteString("\t}\n")
+}
+
+func renderElement(s *Set, e Element) string {
+	var b strings.Builder
+	b.WriteString(renderValues(s.Key, e.Key))
+	if e.Comment != "" {
+		fmt.Fprintf(&b, " comment %q", e.Comment)
+	}
+	switch {
+	case e.Verdict != nil:
+		b.WriteString(" : " + renderVerdict(*e.Verdict))
+	case len(s.Data) > 0:
+		b.WriteString(" : " + renderValues(s.Data, e.Data))
+	}
+	return b.String()
+}
+
+func renderValues(types []DataType, vals []Value) string {
+	parts := make([]string, len(vals))
+	for i, v := range vals {
+		parts[i] = renderValue(types[i], v)
+	}
+	return strings.Join(parts, " . ")
+}
+
+func renderValue(t DataType, v Value) string {
+	switch t {
+	case TypeIPv4Addr, TypeIPv6Addr:
+		return v.Addr.String()
+	case TypeInetProto:
+		return protoName(uint8(v.Num))
+	default:
+		return fmt.Sprint(v.Num)
+	}
+}
+
+func typeNames(f Family, ts []DataType) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = [...]string{"ipv4_addr", "ipv6_addr", "inet_proto", "inet_service", "verdict"}[t]
+	}
+	return strings.Join(parts, " . ")
+}
+
+// SortedElements returns the set's elements in the order nft lists them:
+// single values by numeric value, concatenations by their padded key bytes
+// compared from the last byte to the first (nft sorts concatenations as one
+// little-endian number).
+func SortedElements(s *Set) []Element {
+	els := slices.Clone(s.Elements)
+	keys := make(map[*Element][]byte, len(els))
+	for i := range els {
+		keys[&els[i]] = sortKey(s.Key, els[i].Key)
+	}
+	idx := make([]int, len(els))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		return bytes.Compare(keys[&els[a]], keys[&els[b]])
+	})
+	out := make([]Element, len(els))
+	for i, j := range idx {
+		out[i] = els[j]
+	}
+	return out
+}
+
+// sortKey is a byte string whose lexical order is nft's listing order.
+func sortKey(types []DataType, vals []Value) []byte {
+	raw := KeyBytes(types, vals)
+	if len(types) == 1 {
+		return raw // big-endian data: byte order is numeric order
+	}
+	slices.Reverse(raw)
+	return raw
+}
+
+// KeyBytes encodes values as the kernel stores them: each part in network
+// byte order, padded to a multiple of 4 bytes when the key is a concatenation.
+func KeyBytes(types []DataType, vals []Value) []byte {
+	var out []byte
+	for i, t := range types {
+		var part []byte
+		switch t {
+		case TypeIPv4Addr, TypeIPv6Addr:
+			part = vals[i].Addr.AsSlice()
+		case TypeInetProto:
+			part = []byte{byte(vals[i].Num)}
+		case TypeInetService:
+			part = []byte{byte(vals[i].Num >> 8), byte(vals[i].Num)}
+		}
+		out = append(out, part...)
+		if len(types) > 1 {
+			for len(out)%4 != 0 {
+				out = append(out, 0)
+			}
+		}
+	}
+	return out
+}
+
+func renderChain(b *strings.Builder, f Family, c *Chain) {
+	fmt.Fprintf(b, "\tchain %s {\n", c.Name)
+	if c.Base != nil {
+		fmt.Fprintf(b, "\t\ttype %s hook %s priority %s; policy accept;\n", c.Base.Type, c.Base.Hook, priorityName(c.Base))
+	}
+	for _, r := range c.Rules {
+		b.WriteString("\t\t" + RenderRule(f, r) + "\n")
+	}
+	b.WriteString("\t}\n")
+}
+
+// priorityName prints a priority the way nft 1.0.6 does: standard names only
+// where nft uses them for that hook.
+func priorityName(bc *BaseChain) string {
+	switch {
+	case bc.Priority == 0:
+		return "filter"
+	case bc.Type == TypeNAT && bc.Hook == HookPrerouting && bc.Priority == -100:
+		return "dstnat"
+	case bc.Type == TypeNAT && bc.Hook == HookPostrouting && bc.Priority == 100:
+		return "srcnat"
+	}
+	return fmt.Sprint(bc.Priority)
+}
+
+// RenderRule prints one rule as nft lists it.
+func RenderRule(f Family, r Rule) string {
+	parts := make([]string, 0, len(r.Exprs)+1)
+	for _, e := range r.Exprs {
+		parts = append(parts, renderExpr(f, e))
+	}
+	if r.Comment != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+func renderExpr(f Family, e Expr) string {
+	switch e := e.(type) {
+	case MatchPrefix:
+		op := ""
+		if e.Negate {
+			op = "!= "
+		}
+		return fmt.Sprintf("%s %s%s", fieldName(f, e.Field), op, prefixString(e.Prefix))
+	case MatchL4Proto:
+		return "meta l4proto " + protoName(e.Proto)
+	case MatchMark:
+		op := "=="
+		if e.IsSet {
+			op = "!="
+		}
+		return fmt.Sprintf("meta mark & 0x%08x %s 0x00000000", e.Mask, op)
+	case MatchFibDaddrLocal:
+		return "fib daddr type local"
+	case MatchCtStateInvalid:
+		return "ct state invalid"
+	case MatchCtStatusDNAT:
+		return "ct status dnat"
+	case MatchSet:
+		return fmt.Sprintf("%s @%s", fieldsName(f, e.Key), e.Set)
+	case VerdictMap:
+		return fmt.Sprintf("%s vmap @%s", fieldsName(f, e.Key), e.Map)
+	case NumgenGoto:
+		els := make([]string, len(e.Chains))
+		for i, c := range e.Chains {
+			els[i] = fmt.Sprintf("%d : goto %s", i, c)
+		}
+		return fmt.Sprintf("numgen random mod %d vmap { %s }", len(e.Chains), strings.Join(els, ", "))
+	case MarkOr:
+		return fmt.Sprintf("meta mark set meta mark | 0x%08x", e.Bits)
+	case MarkXor:
+		return fmt.Sprintf("meta mark set meta mark ^ 0x%08x", e.Bits)
+	case DNATMap:
+		return fmt.Sprintf("dnat %s to %s map @%s", f, fieldsName(f, e.Key), e.Map)
+	case DNAT:
+		return fmt.Sprintf("meta l4proto %s dnat to %s", protoName(e.Proto), netip.AddrPortFrom(e.Addr, e.Port))
+	case Masquerade:
+		if e.FullyRandom {
+			return "masquerade fully-random"
+		}
+		return "masquerade"
+	case Reject:
+		if e.TCPReset {
+			return "reject with tcp reset"
+		}
+		return "reject"
+	case Verdict:
+		return renderVerdict(e)
+	}
+	panic(fmt.Sprintf("nftmodel: unknown expression %T", e))
+}
+
+func renderVerdict(v Verdict) string {
+	switch v.Kind {
+	case Accept:
+		return "accept"
+	case Drop:
+		return "drop"
+	case Return:
+		return "return"
+	case Jump:
+		return "jump " + v.Chain
+	default:
+		return "goto " + v.Chain
+	}
+}
+
+func fieldName(f Family, fl Field) string {
+	switch fl {
+	case FieldSaddr:
+		return f.String() + " saddr"
+	case FieldDaddr:
+		return f.String() + " daddr"
+	case FieldL4Proto:
+		return "meta l4proto"
+	default:
+		return "th dport"
+	}
+}
+
+func fieldsName(f Family, fs []Field) string {
+	parts := make([]string, len(fs))
+	for i, fl := range fs {
+		parts[i] = fieldName(f, fl)
+	}
+	return strings.Join(parts, " . ")
+}
+
+func prefixString(p netip.Prefix) string {
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.Masked().String()
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 132:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// formatDuration prints a duration like nft: 3h, 1h30m, 10s, 1d2h.
+func formatDuration(d time.Duration) string {
+	var b strings.Builder
+	units := []struct {
+		suffix string
+		size   time.Duration
+	}{{"d", 24 * time.Hour}, {"h", time.Hour}, {"m", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}}
+	for _, u := range units {
+		if n := d / u.size; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.suffix)
+			d -= n * u.size
+		}
+	}
+	if b.Len() == 0 {
+		return "0s"
+	}
+	return b.String()
+}
