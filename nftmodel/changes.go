@@ -3,7 +3,9 @@ package nftmodel
 // Changes is what turns an applied ruleset into a desired one. The applier
 // sends it as one batch in this order, so every reference is valid at each
 // step: add sets, add chains, delete elements, rewrite chains (flush, then add
-// their rules), add elements, delete chains, delete sets.
+// their rules; chains about to be deleted are flushed too), add elements,
+// delete sets, delete chains. Sets go before chains because a deleted verdict
+// map may still point at a deleted chain.
 type Changes struct {
 	AddSets       []*Set   // new sets, with their elements
 	AddChains     []*Chain // new chains; their rules are added in the rewrite step

@@ -40,9 +40,9 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 		kind = "map"
 	}
 	fmt.Fprintf(b, "\t%s %s {\n", kind, s.Name)
-	fmt.Fprintf(b, "\t\ttype %s", typeNames(f, s.Key))
+	fmt.Fprintf(b, "\t\ttype %s", typeNames(s.Key))
 	if len(s.Data) > 0 {
-		fmt.Fprintf(b, " : %s", typeNames(f, s.Data))
+		fmt.Fprintf(b, " : %s", typeNames(s.Data))
 	}
 	b.WriteString("\n")
 	if s.Timeout > 0 {
@@ -96,7 +96,7 @@ func renderValue(t DataType, v Value) string {
 	}
 }
 
-func typeNames(f Family, ts []DataType) string {
+func typeNames(ts []DataType) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
 		parts[i] = [...]string{"ipv4_addr", "ipv6_addr", "inet_proto", "inet_service", "verdict"}[t]
@@ -109,21 +109,18 @@ func typeNames(f Family, ts []DataType) string {
 // compared from the last byte to the first (nft sorts concatenations as one
 // little-endian number).
 func SortedElements(s *Set) []Element {
-	els := slices.Clone(s.Elements)
-	keys := make(map[*Element][]byte, len(els))
-	for i := range els {
-		keys[&els[i]] = sortKey(s.Key, els[i].Key)
+	type keyed struct {
+		key []byte
+		el  Element
 	}
-	idx := make([]int, len(els))
-	for i := range idx {
-		idx[i] = i
+	ks := make([]keyed, len(s.Elements))
+	for i, e := range s.Elements {
+		ks[i] = keyed{sortKey(s.Key, e.Key), e}
 	}
-	slices.SortStableFunc(idx, func(a, b int) int {
-		return bytes.Compare(keys[&els[a]], keys[&els[b]])
-	})
-	out := make([]Element, len(els))
-	for i, j := range idx {
-		out[i] = els[j]
+	slices.SortStableFunc(ks, func(a, b keyed) int { return bytes.Compare(a.key, b.key) })
+	out := make([]Element, len(ks))
+	for i, k := range ks {
+		out[i] = k.el
 	}
 	return out
 }
