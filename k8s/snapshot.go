@@ -34,8 +34,12 @@ type ServicePortName struct {
 	Protocol  Protocol
 }
 
-// String prints namespace/name:port, kube-proxy's notation.
+// String prints namespace/name:port (namespace/name for an unnamed port),
+// kube-proxy's notation.
 func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
 	return fmt.Sprintf("%s/%s:%s", n.Namespace, n.Name, n.Port)
 }
 
