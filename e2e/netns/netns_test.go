@@ -1,0 +1,74 @@
+package netns
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestCreateDoExecNFT(t *testing.T) {
+	n := New(t, "nptest")
+	if _, err := os.Stat(runDir + "/" + n.Name()); err != nil {
+		t.Fatalf("namespace file missing: %v", err)
+	}
+	out, err := n.Exec("ip", "-o", "link", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "lo:") || !strings.Contains(out, "UP") {
+		t.Errorf("want only lo, up; got:\n%s", out)
+	}
+	if _, err := n.Exec("false"); err == nil {
+		t.Error("Exec(false) returned no error")
+	}
+	// Do must really switch: the inode of the thread's netns is the namespace's.
+	var st, want unixStat
+	if err := statFd(n.Fd(), &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Do(func() error { return statPath("/proc/thread-self/ns/net", &st) }); err != nil {
+		t.Fatal(err)
+	}
+	if st != want {
+		t.Errorf("Do ran in netns %v, want %v", st, want)
+	}
+	sentinel := errors.New("from fn")
+	if err := n.Do(func() error { return sentinel }); !errors.Is(err, sentinel) {
+		t.Errorf("Do error = %v, want %v", err, sentinel)
+	}
+	c, err := n.NFT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseLasting()
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatalf("list tables: %v", err)
+	}
+	if len(tables) != 0 {
+		t.Errorf("fresh namespace has %d tables", len(tables))
+	}
+}
+
+type unixStat struct{ dev, ino uint64 }
+
+func statFd(fd int, s *unixStat) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	*s = unixStat{st.Dev, st.Ino}
+	return nil
+}
+
+func statPath(p string, s *unixStat) error {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return err
+	}
+	*s = unixStat{st.Dev, st.Ino}
+	return nil
+}
