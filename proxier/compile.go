@@ -1,0 +1,334 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// Config holds what Compile needs besides the snapshot. Only the prefixes of
+// the compiled family are used.
+type Config struct {
+	Family m.Family
+	// ClusterCIDRs: traffic to a ClusterIP from outside these is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to ClusterIPs.
+	MasqueradeAll bool
+	// NodePortAddresses limits NodePorts to local addresses in these
+	// prefixes; empty means every local address but loopback.
+	NodePortAddresses []netip.Prefix
+}
+
+func (c Config) inFamily(p netip.Prefix) bool { return p.Addr().Is4() == (c.Family == m.IPv4) }
+func (c Config) addrInFamily(a netip.Addr) bool {
+	return a.IsValid() && a.Is4() == (c.Family == m.IPv4)
+}
+
+var (
+	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
+)
+
+// Compile builds the ruleset of one family from a snapshot. It is pure and
+// deterministic: the same input gives the same ruleset, sorted.
+func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
+	c := newCompiler(cfg)
+	for i := range snap.Services {
+		c.addService(&snap.Services[i])
+	}
+	return c.ruleset()
+}
+
+type compiler struct {
+	cfg     Config
+	addrT   m.DataType
+	vipT    []m.DataType
+	targetT []m.DataType
+	npT     []m.DataType
+
+	serviceIPs, serviceNodePorts       []m.Element
+	noEndpointIPs, noEndpointNodePorts []m.Element
+	hairpin                            map[netip.Addr]bool
+	slots, nodePortSlots               [][]m.Element // per slot index
+	clusterN, externalN, nodePortN     map[int]bool  // endpoint counts in use
+}
+
+func newCompiler(cfg Config) *compiler {
+	addrT := m.TypeIPv4Addr
+	if cfg.Family == m.IPv6 {
+		addrT = m.TypeIPv6Addr
+	}
+	return &compiler{
+		cfg:       cfg,
+		addrT:     addrT,
+		vipT:      []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
+		targetT:   []m.DataType{addrT, m.TypeInetService},
+		npT:       []m.DataType{m.TypeInetProto, m.TypeInetService},
+		hairpin:   map[netip.Addr]bool{},
+		clusterN:  map[int]bool{},
+		externalN: map[int]bool{},
+		nodePortN: map[int]bool{},
+	}
+}
+
+func (c *compiler) addService(sp *k8s.ServicePort) {
+	eps := c.usableEndpoints(sp.Endpoints)
+	proto := m.N(uint32(sp.Name.Protocol.Number()))
+	port := m.N(uint32(sp.Port))
+	comment := sp.Name.String()
+	for _, e := range eps {
+		c.hairpin[e.Addr] = true
+	}
+
+	addVIP := func(vip netip.Addr, chain string) {
+		key := []m.Value{m.A(vip), proto, port}
+		if len(eps) == 0 {
+			c.noEndpointIPs = append(c.noEndpointIPs, m.Element{Key: key, Comment: comment})
+			return
+		}
+		c.serviceIPs = append(c.serviceIPs, m.Element{Key: key, Comment: comment,
+			Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}})
+		for i, e := range eps {
+			c.slot(&c.slots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
+		}
+	}
+	for _, ip := range sp.ClusterIPs {
+		if c.cfg.addrInFamily(ip) {
+			addVIP(ip, clusterIPChain(len(eps)))
+			c.clusterN[len(eps)] = len(eps) > 0
+		}
+	}
+	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		if c.cfg.addrInFamily(ip) {
+			addVIP(ip, externalChain(len(eps)))
+			c.externalN[len(eps)] = len(eps) > 0
+		}
+	}
+	if sp.NodePort == 0 || !c.hasFamilyAddress(sp) {
+		return
+	}
+	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
+	if len(eps) == 0 {
+		c.noEndpointNodePorts = append(c.noEndpointNodePorts, m.Element{Key: key, Comment: comment})
+		return
+	}
+	c.serviceNodePorts = append(c.serviceNodePorts, m.Element{Key: key, Comment: comment,
+		Verdict: &m.Verdict{Kind: m.Goto, Chain: nodePortChain(len(eps))}})
+	c.nodePortN[len(eps)] = true
+	for i, e := range eps {
+		c.slot(&c.nodePortSlots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
+	}
+}
+
+// hasFamilyAddress tells whether the service has a ClusterIP of the compiled
+// family: a single-stack service gets NodePorts in its own family only.
+func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
+	return slices.ContainsFunc(sp.ClusterIPs, c.cfg.addrInFamily)
+}
+
+func (c *compiler) slot(slots *[][]m.Element, i int, e m.Element) {
+	for len(*slots) <= i {
+		*slots = append(*slots, nil)
+	}
+	(*slots)[i] = append((*slots)[i], e)
+}
+
+// usableEndpoints picks the endpoints traffic may go to, like kube-proxy:
+// the ready ones; when none is ready, the serving ones that are terminating.
+func (c *compiler) usableEndpoints(all []k8s.Endpoint) []k8s.Endpoint {
+	var ready, terminating []k8s.Endpoint
+	for _, e := range all {
+		if !c.cfg.addrInFamily(e.Addr) {
+			continue
+		}
+		switch {
+		case e.Ready:
+			ready = append(ready, e)
+		case e.Serving && e.Terminating:
+			terminating = append(terminating, e)
+		}
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return terminating
+}
+
+func (c *compiler) ruleset() *m.Ruleset {
+	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
+	rs.Sets = c.sets()
+	rs.Chains = append(c.baseChains(), c.fixedChains()...)
+	rs.Chains = append(rs.Chains, c.dispatchChains()...)
+	return rs
+}
+
+func (c *compiler) sets() []*m.Set {
+	verdict := []m.DataType{m.TypeVerdict}
+	hairpinT := []m.DataType{c.addrT, c.addrT}
+	var hairpin []m.Element
+	for a := range c.hairpin {
+		hairpin = append(hairpin, m.Element{Key: []m.Value{m.A(a), m.A(a)}})
+	}
+	sets := []*m.Set{
+		{Name: mapServiceIPs, Key: c.vipT, Data: verdict, Elements: c.serviceIPs},
+		{Name: mapServiceNodePorts, Key: c.npT, Data: verdict, Elements: c.serviceNodePorts},
+		{Name: setNoEndpointServices, Key: c.vipT, Elements: c.noEndpointIPs},
+		{Name: setNoEndpointNodePorts, Key: c.npT, Elements: c.noEndpointNodePorts},
+		{Name: setHairpin, Key: hairpinT, Elements: hairpin},
+	}
+	for i, els := range c.slots {
+		sets = append(sets, &m.Set{Name: endpointSlotMap(i), Key: c.vipT, Data: c.targetT, Elements: els})
+	}
+	for i, els := range c.nodePortSlots {
+		sets = append(sets, &m.Set{Name: nodePortSlotMap(i), Key: c.npT, Data: c.targetT, Elements: els})
+	}
+	for _, s := range sets {
+		s.Elements = m.SortedElements(s)
+	}
+	return sets
+}
+
+func jump(chain string) m.Rule {
+	return m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Jump, Chain: chain}}}
+}
+
+func (c *compiler) baseChains() []*m.Chain {
+	base := func(name string, t m.ChainType, h m.Hook, prio int32, rules ...m.Rule) *m.Chain {
+		return &m.Chain{Name: name, Base: &m.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules}
+	}
+	dropMarked := m.Rule{Exprs: []m.Expr{m.MatchMark{Mask: markDrop, IsSet: true}, m.Verdict{Kind: m.Drop}}}
+	dropInvalid := m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}}
+	return []*m.Chain{
+		// DNAT at dstnat (-100) for packets arriving and for the node's own.
+		base(chainNATPrerouting, m.TypeNAT, m.HookPrerouting, -100, jump(chainServices)),
+		base(chainNATOutput, m.TypeNAT, m.HookOutput, -100, jump(chainServices)),
+		// Masquerade at srcnat (100), after routing picked the interface.
+		base(chainNATPostrouting, m.TypeNAT, m.HookPostrouting, 100, jump(chainMasquerading)),
+		// Filtering at 0, after DNAT: a service port without endpoints still
+		// has its service address here, since nothing rewrote it.
+		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, dropMarked, jump(chainEndpointsCheck)),
+		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked, jump(chainEndpointsCheck)),
+		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, dropMarked, jump(chainEndpointsCheck)),
+	}
+}
+
+func (c *compiler) nodePortMatch() [][]m.Expr {
+	if len(c.cfg.NodePortAddresses) == 0 {
+		loopback := netip.MustParsePrefix("127.0.0.0/8")
+		if c.cfg.Family == m.IPv6 {
+			loopback = netip.MustParsePrefix("::1/128")
+		}
+		return [][]m.Expr{{m.MatchPrefix{Field: m.FieldDaddr, Prefix: loopback, Negate: true}, m.MatchFibDaddrLocal{}}}
+	}
+	var out [][]m.Expr
+	for _, p := range c.cfg.NodePortAddresses {
+		if c.cfg.inFamily(p) {
+			out = append(out, []m.Expr{m.MatchFibDaddrLocal{}, m.MatchPrefix{Field: m.FieldDaddr, Prefix: p}})
+		}
+	}
+	return out
+}
+
+func (c *compiler) fixedChains() []*m.Chain {
+	services := &m.Chain{Name: chainServices, Rules: []m.Rule{
+		{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapServiceIPs}}},
+	}}
+	check := &m.Chain{Name: chainEndpointsCheck, Rules: []m.Rule{
+		{Exprs: []m.Expr{m.MatchSet{Key: vipKey, Set: setNoEndpointServices}, m.Verdict{Kind: m.Goto, Chain: chainReject}}},
+	}}
+	for _, match := range c.nodePortMatch() {
+		services.Rules = append(services.Rules, m.Rule{Exprs: append(slices.Clone(match),
+			m.VerdictMap{Key: nodePortKey, Map: mapServiceNodePorts})})
+		check.Rules = append(check.Rules, m.Rule{Exprs: append(slices.Clone(match),
+			m.MatchSet{Key: nodePortKey, Set: setNoEndpointNodePorts}, m.Verdict{Kind: m.Goto, Chain: chainReject})})
+	}
+	return []*m.Chain{
+		services,
+		{Name: chainMarkForMasquerade, Rules: []m.Rule{{Exprs: []m.Expr{m.MarkOr{Bits: markMasquerade}}}}},
+		{Name: chainMasquerading, Rules: []m.Rule{
+			// Hairpin: an endpoint that reached itself through a service must
+			// see the reply come from elsewhere, or it would answer itself.
+			{Exprs: []m.Expr{m.MatchCtStatusDNAT{}, m.MatchSet{Key: []m.Field{m.FieldSaddr, m.FieldDaddr}, Set: setHairpin},
+				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
+			{Exprs: []m.Expr{m.MatchMark{Mask: markMasquerade}, m.Verdict{Kind: m.Return}}},
+			// Clear the bit so a packet that is routed again is not re-marked.
+			{Exprs: []m.Expr{m.MarkXor{Bits: markMasquerade}}},
+			{Exprs: []m.Expr{m.Masquerade{FullyRandom: true}}},
+		}},
+		check,
+		{Name: chainReject, Rules: []m.Rule{
+			{Exprs: []m.Expr{m.Reject{TCPReset: true}}},
+			{Exprs: []m.Expr{m.Reject{}}},
+		}},
+	}
+}
+
+// dispatchChains builds the shared per-endpoint-count chains and the per-slot
+// DNAT chains.
+func (c *compiler) dispatchChains() []*m.Chain {
+	var chains []*m.Chain
+	pick := func(n int, slotChain func(int) string) m.Expr {
+		if n == 1 {
+			return m.Verdict{Kind: m.Goto, Chain: slotChain(0)}
+		}
+		targets := make([]string, n)
+		for i := range targets {
+			targets[i] = slotChain(i)
+		}
+		return m.NumgenGoto{Chains: targets}
+	}
+	markAll := jump(chainMarkForMasquerade)
+	for _, n := range sortedCounts(c.clusterN) {
+		ch := &m.Chain{Name: clusterIPChain(n)}
+		if r, ok := c.clusterMasquerade(); ok {
+			ch.Rules = append(ch.Rules, r)
+		}
+		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{pick(n, endpointSlotChain)}})
+		chains = append(chains, ch)
+	}
+	for _, n := range sortedCounts(c.externalN) {
+		chains = append(chains, &m.Chain{Name: externalChain(n), Rules: []m.Rule{markAll,
+			{Exprs: []m.Expr{pick(n, endpointSlotChain)}}}})
+	}
+	for _, n := range sortedCounts(c.nodePortN) {
+		chains = append(chains, &m.Chain{Name: nodePortChain(n), Rules: []m.Rule{markAll,
+			{Exprs: []m.Expr{pick(n, nodePortSlotChain)}}}})
+	}
+	for i := range c.slots {
+		chains = append(chains, &m.Chain{Name: endpointSlotChain(i), Rules: []m.Rule{
+			{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Map: endpointSlotMap(i)}}}}})
+	}
+	for i := range c.nodePortSlots {
+		chains = append(chains, &m.Chain{Name: nodePortSlotChain(i), Rules: []m.Rule{
+			{Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Map: nodePortSlotMap(i)}}}}})
+	}
+	return chains
+}
+
+// clusterMasquerade is the rule that marks ClusterIP traffic for masquerade:
+// everything with --masquerade-all, else what comes from outside the cluster.
+func (c *compiler) clusterMasquerade() (m.Rule, bool) {
+	if c.cfg.MasqueradeAll {
+		return jump(chainMarkForMasquerade), true
+	}
+	for _, p := range c.cfg.ClusterCIDRs {
+		if c.cfg.inFamily(p) {
+			return m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked(), Negate: true},
+				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}}, true
+		}
+	}
+	return m.Rule{}, false
+}
+
+func sortedCounts(set map[int]bool) []int {
+	var out []int
+	for n, used := range set {
+		if used {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

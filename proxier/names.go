@@ -1,0 +1,48 @@
+package proxier
+
+import "fmt"
+
+// Names of everything nftproxy creates. Fixed names are constants; the names
+// that depend on an endpoint count or slot are built by the functions below.
+const (
+	TableName = "nftproxy"
+
+	// Base chains.
+	chainNATPrerouting  = "nat-prerouting"
+	chainNATOutput      = "nat-output"
+	chainNATPostrouting = "nat-postrouting"
+	chainFilterInput    = "filter-input"
+	chainFilterForward  = "filter-forward"
+	chainFilterOutput   = "filter-output"
+
+	// Regular chains.
+	chainServices          = "services"
+	chainMarkForMasquerade = "mark-for-masquerade"
+	chainMasquerading      = "masquerading"
+	chainEndpointsCheck    = "endpoints-check"
+	chainReject            = "reject-chain"
+
+	// Sets and maps.
+	mapServiceIPs          = "service-ips"
+	mapServiceNodePorts    = "service-nodeports"
+	setNoEndpointServices  = "no-endpoint-services"
+	setNoEndpointNodePorts = "no-endpoint-nodeports"
+	setHairpin             = "hairpin"
+
+	// Marks, as kube-proxy uses them.
+	markMasquerade = 0x4000
+	markDrop       = 0x8000
+)
+
+// Service ports with the same number of endpoints share one chain per kind
+// of traffic: it marks for masquerade as that kind needs, then picks a slot.
+func clusterIPChain(n int) string { return fmt.Sprintf("cluster-ip-%d", n) }
+func externalChain(n int) string  { return fmt.Sprintf("external-%d", n) }
+func nodePortChain(n int) string  { return fmt.Sprintf("node-port-%d", n) }
+
+// Slot i of every service lives in one data map; one chain per slot DNATs
+// through it. An endpoint change then only changes map data, never verdicts.
+func endpointSlotChain(i int) string { return fmt.Sprintf("endpoint-%d", i) }
+func endpointSlotMap(i int) string   { return fmt.Sprintf("endpoint-%d", i) }
+func nodePortSlotChain(i int) string { return fmt.Sprintf("node-port-endpoint-%d", i) }
+func nodePortSlotMap(i int) string   { return fmt.Sprintf("node-port-endpoint-%d", i) }
