@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,9 +172,17 @@ func (n *NS) NFT() (*nftables.Conn, error) {
 
 // Sysctl writes a sysctl such as "net/ipv4/ip_forward" inside the namespace.
 func (n *NS) Sysctl(key, value string) error {
+	return n.Sysctls(map[string]string{key: value})
+}
+
+// Sysctls writes several sysctls inside the namespace in one switch. Keys are
+// paths under /proc/sys, which shows the sysctls of the opener's namespace.
+func (n *NS) Sysctls(kv map[string]string) error {
 	return n.Do(func() error {
-		if err := os.WriteFile("/proc/sys/"+key, []byte(value), 0); err != nil {
-			return fmt.Errorf("write sysctl %s in %s: %w", key, n.name, err)
+		for _, k := range slices.Sorted(maps.Keys(kv)) {
+			if err := os.WriteFile("/proc/sys/"+k, []byte(kv[k]), 0); err != nil {
+				return fmt.Errorf("write sysctl %s in %s: %w", k, n.name, err)
+			}
 		}
 		return nil
 	})

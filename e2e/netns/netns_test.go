@@ -3,6 +3,8 @@ package netns
 import (
 	"errors"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -71,4 +73,50 @@ func statPath(p string, s *unixStat) error {
 	}
 	*s = unixStat{st.Dev, st.Ino}
 	return nil
+}
+
+func TestPidOf(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		pid  int
+		ok   bool
+	}{
+		{"np-123-4-abcd", 123, true},
+		{"nptopoc-77-1-00ff", 77, true},
+		{"my-prefix-9-2-beef", 9, true},
+		{"np-123-abcd", 0, false},
+		{"np-x-1-abcd", 0, false},
+		{"np-12-y-abcd", 0, false},
+		{"other", 0, false},
+	} {
+		pid, ok := pidOf(c.name)
+		if pid != c.pid || ok != c.ok {
+			t.Errorf("pidOf(%q) = %d, %v; want %d, %v", c.name, pid, ok, c.pid, c.ok)
+		}
+	}
+}
+
+func TestCleanupStale(t *testing.T) {
+	Require(t)
+	// pid_max is at most 2^22, so this pid never runs.
+	stale := "npstale-99999999-1-abcd"
+	if out, err := exec.Command("ip", "netns", "add", stale).CombinedOutput(); err != nil {
+		t.Fatalf("add stale netns: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = deleteNamed(stale) })
+	live := New(t, "npstale")
+	deleted, err := CleanupStale("npstale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{stale}) {
+		t.Errorf("deleted %v, want [%s]", deleted, stale)
+	}
+	names, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, stale) || !slices.Contains(names, live.Name()) {
+		t.Errorf("after cleanup: %v", names)
+	}
 }

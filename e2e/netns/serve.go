@@ -1,0 +1,294 @@
+package netns
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultAskTimeout bounds AskTCP, AskUDP and ConnectTCP when the context has
+// no deadline, so a dropped packet fails a test instead of hanging it.
+const DefaultAskTimeout = 2 * time.Second
+
+// ServeName starts a name server in the pod; Topology.Close stops it too.
+// See NS.ServeName.
+func (p *Pod) ServeName(proto string, port int) (stop func(), err error) {
+	stop, err = p.NS.ServeName(p.Name, proto, port)
+	if err != nil {
+		return nil, err
+	}
+	p.servers.add(stop)
+	return stop, nil
+}
+
+// ServeName runs a server in the namespace on port of every address of both
+// families. proto is "tcp" or "udp" (any case, so Kubernetes' "TCP" works).
+// TCP: each connection gets name + "\n", then every line it sends is echoed
+// back until it closes, so long-lived connections can be tested. UDP: each
+// datagram is answered with name + "\n". stop closes the socket and every
+// open connection and waits for the goroutines; calling it twice is safe.
+func (n *NS) ServeName(name, proto string, port int) (stop func(), err error) {
+	addr := fmt.Sprintf(":%d", port)
+	switch strings.ToLower(proto) {
+	case "tcp":
+		l, err := n.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return serveTCP(l, name), nil
+	case "udp":
+		c, err := n.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return serveUDP(c, name), nil
+	default:
+		return nil, fmt.Errorf("serve name: protocol %q, want tcp or udp", proto)
+	}
+}
+
+func serveTCP(l net.Listener, name string) func() {
+	var (
+		mu     sync.Mutex
+		conns  = map[net.Conn]struct{}{}
+		closed bool
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return // the listener was closed by stop
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				c.Close()
+				return
+			}
+			conns[c] = struct{}{}
+			mu.Unlock()
+			wg.Go(func() {
+				defer func() {
+					mu.Lock()
+					delete(conns, c)
+					mu.Unlock()
+					c.Close()
+				}()
+				if _, err := fmt.Fprintf(c, "%s\n", name); err != nil {
+					return
+				}
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					if _, err := fmt.Fprintf(c, "%s\n", sc.Text()); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			mu.Lock()
+			closed = true
+			l.Close()
+			for c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+		})
+	}
+}
+
+func serveUDP(c net.PacketConn, name string) func() {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		reply := []byte(name + "\n")
+		buf := make([]byte, 64<<10)
+		for {
+			_, from, err := c.ReadFrom(buf)
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if err != nil {
+				continue // e.g. an ICMP error for an earlier reply
+			}
+			_, _ = c.WriteTo(reply, from)
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.Close()
+			wg.Wait()
+		})
+	}
+}
+
+// serverSet remembers a pod's servers so Topology.Close can stop them.
+type serverSet struct {
+	mu    sync.Mutex
+	stops []func()
+}
+
+func (s *serverSet) add(stop func()) {
+	s.mu.Lock()
+	s.stops = append(s.stops, stop)
+	s.mu.Unlock()
+}
+
+func (s *serverSet) stopAll() {
+	s.mu.Lock()
+	stops := s.stops
+	s.stops = nil
+	s.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+}
+
+// withDefaultTimeout gives ctx a deadline of DefaultAskTimeout if it has none.
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, DefaultAskTimeout)
+}
+
+// AskTCP connects from the namespace to addr, returns the first line the
+// server sends (a name server's name) and closes the connection. A refused
+// connection fails at once with an error matching syscall.ECONNREFUSED; a
+// silent drop fails when ctx (or DefaultAskTimeout) expires, see IsTimeout.
+func (n *NS) AskTCP(ctx context.Context, addr netip.AddrPort) (string, error) {
+	return n.AskTCPFrom(ctx, netip.AddrPort{}, addr)
+}
+
+// AskTCPFrom is AskTCP from a fixed local address and/or port (zero parts
+// are chosen by the kernel).
+func (n *NS) AskTCPFrom(ctx context.Context, local, remote netip.AddrPort) (string, error) {
+	s, err := n.ConnectTCP(ctx, local, remote)
+	if err != nil {
+		return "", err
+	}
+	s.Close()
+	return s.Name, nil
+}
+
+// TCPSession is an open connection to a name server, for tests of
+// long-lived connections.
+type TCPSession struct {
+	Conn net.Conn
+	// Name is the first line the server sent.
+	Name string
+	r    *bufio.Reader
+}
+
+// ConnectTCP connects like AskTCPFrom but keeps the connection open.
+func (n *NS) ConnectTCP(ctx context.Context, local, remote netip.AddrPort) (*TCPSession, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	c, err := n.DialFrom(ctx, "tcp", addrPortString(local), remote.String())
+	if err != nil {
+		return nil, err
+	}
+	s := &TCPSession{Conn: c, r: bufio.NewReader(c)}
+	line, err := s.readLine(ctx)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("read name from %s: %w", remote, err)
+	}
+	s.Name = line
+	return s, nil
+}
+
+// Echo sends line and returns what comes back (the name server echoes it).
+func (s *TCPSession) Echo(ctx context.Context, line string) (string, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if err := s.Conn.SetWriteDeadline(deadline(ctx)); err != nil {
+		return "", fmt.Errorf("set write deadline: %w", err)
+	}
+	if _, err := fmt.Fprintf(s.Conn, "%s\n", line); err != nil {
+		return "", fmt.Errorf("send line: %w", err)
+	}
+	got, err := s.readLine(ctx)
+	if err != nil {
+		return "", fmt.Errorf("read echo: %w", err)
+	}
+	return got, nil
+}
+
+// Close closes the connection.
+func (s *TCPSession) Close() error { return s.Conn.Close() }
+
+func (s *TCPSession) readLine(ctx context.Context) (string, error) {
+	if err := s.Conn.SetReadDeadline(deadline(ctx)); err != nil {
+		return "", fmt.Errorf("set read deadline: %w", err)
+	}
+	line, err := s.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(line, "\n"), nil
+}
+
+// AskUDP sends one datagram from the namespace to remote (from local when it
+// is valid; zero parts are chosen by the kernel) and returns the answer
+// without its trailing newline. The socket is connected, so an ICMP port
+// unreachable surfaces as an error matching syscall.ECONNREFUSED.
+func (n *NS) AskUDP(ctx context.Context, local, remote netip.AddrPort) (string, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	c, err := n.DialFrom(ctx, "udp", addrPortString(local), remote.String())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(deadline(ctx)); err != nil {
+		return "", fmt.Errorf("set deadline: %w", err)
+	}
+	if _, err := c.Write([]byte("?\n")); err != nil {
+		return "", fmt.Errorf("send datagram to %s: %w", remote, err)
+	}
+	buf := make([]byte, 64<<10)
+	m, err := c.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("read answer from %s: %w", remote, err)
+	}
+	return strings.TrimSuffix(string(buf[:m]), "\n"), nil
+}
+
+// IsTimeout reports whether err means "no answer in time" (as opposed to a
+// refusal or an unreachable error).
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// addrPortString formats a local address for DialFrom: "" when nothing is
+// fixed, and the unspecified address of the right family when only the port is.
+func addrPortString(ap netip.AddrPort) string {
+	switch {
+	case ap.Addr().IsValid():
+		return ap.String()
+	case ap.Port() != 0:
+		return fmt.Sprintf(":%d", ap.Port())
+	default:
+		return ""
+	}
+}
