@@ -61,7 +61,3 @@ func protoName(p uint8) string {
 // norm makes addresses comparable across sources: conntrack reports IPv4 as
 // 4 bytes but a snapshot may hold IPv4-mapped IPv6, and conntrack has no zones.
 func norm(a netip.Addr) netip.Addr { return a.Unmap().WithZone("") }
-
-func normAP(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(norm(ap.Addr()), ap.Port())
-}

@@ -1,7 +1,10 @@
 package conntrack
 
 import (
+	"bytes"
+	"cmp"
 	"net/netip"
+	"slices"
 
 	"github.com/nftproxy/nftproxy/k8s"
 )
@@ -37,28 +40,91 @@ func Stale(flows []Flow, prev, next *k8s.Snapshot, localAddrs ...netip.Addr) []F
 	return out
 }
 
-// vipKey is a service address: protocol, address and port.
-type vipKey struct {
-	proto uint8
-	dst   netip.AddrPort
+// epKey is an address and port as plain bytes: map keys of this kind hash
+// several times faster than netip values, which carry a zone pointer.
+type epKey struct {
+	addr [16]byte
+	port uint16
 }
 
-// endpointSet holds the serving endpoints of a service port. One set is
-// shared by all addresses of the service port.
-type endpointSet map[netip.AddrPort]struct{}
+func keyOf(ap netip.AddrPort) epKey {
+	return epKey{norm(ap.Addr()).As16(), ap.Port()}
+}
+
+func compareEP(a, b epKey) int {
+	if c := bytes.Compare(a.addr[:], b.addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.port, b.port)
+}
+
+// vipKey is a service address: protocol, address and port.
+type vipKey struct {
+	dst   epKey
+	proto uint8
+}
+
+// endpointSet holds the serving endpoints of a service port, sorted and
+// without duplicates. All addresses of a service port share one set, and the
+// sets of a snapshot share one backing array: building the index for 10,000
+// services then costs a handful of allocations instead of one map each.
+type endpointSet []epKey
+
+func (s endpointSet) has(k epKey) bool {
+	_, ok := slices.BinarySearchFunc(s, k, compareEP)
+	return ok
+}
+
+// subsetOf reports whether every element of s is in t; both are sorted.
+func (s endpointSet) subsetOf(t endpointSet) bool {
+	j := 0
+	for _, k := range s {
+		for j < len(t) && compareEP(t[j], k) < 0 {
+			j++
+		}
+		if j == len(t) || t[j] != k {
+			return false
+		}
+	}
+	return true
+}
+
+// union returns s ∪ t, sharing s or t when the other is empty. Two service
+// ports on one address are a misconfiguration; the union keeps every flow
+// either of them could have made.
+func union(s, t endpointSet) endpointSet {
+	switch {
+	case len(s) == 0:
+		return t
+	case len(t) == 0:
+		return s
+	}
+	u := make(endpointSet, 0, len(s)+len(t))
+	u = append(append(u, s...), t...)
+	slices.SortFunc(u, compareEP)
+	return slices.Compact(u)
+}
 
 type target struct {
-	prev, next endpointSet // nil when the address had no serving endpoints
+	prev, next endpointSet // empty when the address had no serving endpoints
 }
 
 // selector is the index Stale builds from the two snapshots.
 type selector struct {
-	targets     map[vipKey]*target
+	index       map[vipKey]int32 // into targets
+	targets     []target
 	unknownPrev bool
 }
 
 func newSelector(prev, next *k8s.Snapshot, localAddrs []netip.Addr) *selector {
-	s := &selector{targets: make(map[vipKey]*target), unknownPrev: prev == nil}
+	s := &selector{unknownPrev: prev == nil}
+	n := 0
+	for _, snap := range []*k8s.Snapshot{prev, next} {
+		if snap != nil {
+			n = max(n, len(snap.Services))
+		}
+	}
+	s.index = make(map[vipKey]int32, n)
 	if prev != nil {
 		s.add(prev, localAddrs, func(t *target) *endpointSet { return &t.prev })
 	}
@@ -74,21 +140,28 @@ func (s *selector) add(snap *k8s.Snapshot, localAddrs []netip.Addr, side func(*t
 	nodeAddrs := make([]netip.Addr, 0, len(snap.Node.Addrs)+len(localAddrs))
 	nodeAddrs = append(nodeAddrs, snap.Node.Addrs...)
 	nodeAddrs = append(nodeAddrs, localAddrs...)
+	total := 0
+	for i := range snap.Services {
+		total += len(snap.Services[i].Endpoints)
+	}
+	backing := make([]epKey, 0, total)
 	for i := range snap.Services {
 		sp := &snap.Services[i]
 		if sp.Name.Protocol != k8s.UDP && sp.Name.Protocol != k8s.SCTP {
 			continue
 		}
 		proto := sp.Name.Protocol.Number()
-		eps := servingEndpoints(sp.Endpoints)
+		var eps endpointSet
+		backing, eps = servingEndpoints(backing, sp.Endpoints)
 		put := func(a netip.Addr, port uint16) {
-			k := vipKey{proto, netip.AddrPortFrom(norm(a), port)}
-			t := s.targets[k]
-			if t == nil {
-				t = &target{}
-				s.targets[k] = t
+			k := vipKey{keyOf(netip.AddrPortFrom(a, port)), proto}
+			i, ok := s.index[k]
+			if !ok {
+				i = int32(len(s.targets))
+				s.targets = append(s.targets, target{})
+				s.index[k] = i
 			}
-			set := side(t)
+			set := side(&s.targets[i])
 			*set = union(*set, eps)
 		}
 		for _, a := range sp.ClusterIPs {
@@ -108,55 +181,37 @@ func (s *selector) add(snap *k8s.Snapshot, localAddrs []netip.Addr, side func(*t
 	}
 }
 
-// servingEndpoints returns the endpoints that may receive new flows, or nil.
-// Terminating endpoints that still serve count: the proxier falls back to
-// them, and cutting their flows early is exactly what graceful termination
-// tries to avoid.
-func servingEndpoints(eps []k8s.Endpoint) endpointSet {
-	var set endpointSet
+// servingEndpoints appends the endpoints that may receive new flows to
+// backing and returns them as a set. Terminating endpoints that still serve
+// count: the proxier falls back to them, and cutting their flows early is
+// exactly what graceful termination tries to avoid.
+func servingEndpoints(backing []epKey, eps []k8s.Endpoint) ([]epKey, endpointSet) {
+	start := len(backing)
 	for _, e := range eps {
-		if !e.Ready && !e.Serving {
-			continue
+		if e.Ready || e.Serving {
+			backing = append(backing, keyOf(netip.AddrPortFrom(e.Addr, e.Port)))
 		}
-		if set == nil {
-			set = make(endpointSet, len(eps))
-		}
-		set[netip.AddrPortFrom(norm(e.Addr), e.Port)] = struct{}{}
 	}
-	return set
-}
-
-// union returns a ∪ b, sharing a or b when the other is empty. Two service
-// ports on one address are a misconfiguration; the union keeps every flow
-// either of them could have made.
-func union(a, b endpointSet) endpointSet {
-	switch {
-	case len(a) == 0:
-		return b
-	case len(b) == 0:
-		return a
+	// The full slice expression keeps a later union from writing into the
+	// next service's endpoints.
+	set := endpointSet(backing[start:len(backing):len(backing)])
+	if !slices.IsSortedFunc(set, compareEP) {
+		slices.SortFunc(set, compareEP)
 	}
-	u := make(endpointSet, len(a)+len(b))
-	for ep := range a {
-		u[ep] = struct{}{}
-	}
-	for ep := range b {
-		u[ep] = struct{}{}
-	}
-	return u
+	return backing, slices.Compact(set)
 }
 
 func (s *selector) stale(f Flow) bool {
 	if f.Proto != protoUDP && f.Proto != protoSCTP {
 		return false
 	}
-	t := s.targets[vipKey{f.Proto, normAP(f.OrigDst)}]
-	if t == nil {
+	i, ok := s.index[vipKey{keyOf(f.OrigDst), f.Proto}]
+	if !ok {
 		return false
 	}
+	t := &s.targets[i]
 	if f.DNAT() {
-		_, serving := t.next[normAP(f.ReplySrc)]
-		return !serving
+		return !t.next.has(keyOf(f.ReplySrc))
 	}
 	return len(t.next) > 0 && (s.unknownPrev || len(t.prev) == 0)
 }
@@ -170,14 +225,10 @@ func (s *selector) mayHaveStale() bool {
 	if s.unknownPrev {
 		return len(s.targets) > 0
 	}
-	for _, t := range s.targets {
-		if len(t.prev) == 0 && len(t.next) > 0 {
+	for i := range s.targets {
+		t := &s.targets[i]
+		if len(t.prev) == 0 && len(t.next) > 0 || !t.prev.subsetOf(t.next) {
 			return true
-		}
-		for ep := range t.prev {
-			if _, ok := t.next[ep]; !ok {
-				return true
-			}
 		}
 	}
 	return false
