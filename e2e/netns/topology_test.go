@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -164,5 +165,64 @@ func TestTopologyCloseLeavesNothing(t *testing.T) {
 func TestBuildTopologyRejectsPodCount(t *testing.T) {
 	if _, err := BuildTopology(TopologyOptions{Pods: maxPods + 1}); err == nil {
 		t.Error("no error for too many pods")
+	}
+}
+
+// TestTopologyServiceNAT checks the two properties service scenarios rely on,
+// with a minimal DNAT ruleset in the node namespace: a pod reaching itself
+// through a VIP (hairpin on the bridge port), and a pod reaching another pod
+// on the same bridge through a VIP (bridge netfilter un-NATs the reply).
+func TestTopologyServiceNAT(t *testing.T) {
+	topo := NewTopology(t, TopologyOptions{Prefix: "npnat", Pods: 2})
+	if topo.BridgeNFErr != nil {
+		t.Skipf("bridge netfilter unavailable: %v", topo.BridgeNFErr)
+	}
+	for _, p := range topo.Pods {
+		if _, err := p.ServeName("tcp", namePort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p0, p1 := topo.Pods[0], topo.Pods[1]
+	for _, key := range []string{"net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables", "net/ipv4/ip_forward"} {
+		var got []byte
+		if err := topo.Node.Do(func() error {
+			var err error
+			got, err = os.ReadFile("/proc/sys/" + key)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(string(got)) != "1" {
+			t.Errorf("node %s = %q, want 1", key, got)
+		}
+	}
+	if out, err := topo.Node.Exec("cat", "/sys/class/net/vethp0/brport/hairpin_mode"); err != nil || strings.TrimSpace(out) != "1" {
+		t.Errorf("hairpin_mode of vethp0 = %q, %v; want 1", out, err)
+	}
+
+	vip := netip.MustParseAddr("10.96.0.10")
+	ruleset := fmt.Sprintf(`table ip nptest {
+	chain pre {
+		type nat hook prerouting priority -100;
+		ip daddr %s tcp dport 80 dnat to %s:%d
+	}
+	chain post {
+		type nat hook postrouting priority 100;
+		ip saddr %s ip daddr %s masquerade
+	}
+}
+`, vip, p0.Addr, namePort, p0.Addr, p0.Addr)
+	if _, err := topo.Node.Exec("sh", "-c", "printf '%s' \"$0\" | nft -f -", ruleset); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, from := range []*Pod{p0, p1} {
+		got, err := from.NS.AskTCP(ctx, netip.AddrPortFrom(vip, 80))
+		if err != nil || got != p0.Name {
+			t.Errorf("%s to VIP: %q, %v; want %q", from.Name, got, err, p0.Name)
+		}
+	}
+	if got, err := topo.Client.AskTCP(ctx, netip.AddrPortFrom(vip, 80)); err != nil || got != p0.Name {
+		t.Errorf("client to VIP: %q, %v; want %q", got, err, p0.Name)
 	}
 }
