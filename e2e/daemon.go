@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// Build compiles cmd/nftproxy into dir and returns the binary's path.
+func Build(dir string) (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(file))
+	out := filepath.Join(dir, "nftproxy")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/nftproxy")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build nftproxy: %w: %s", err, b)
+	}
+	return out, nil
+}
+
+// Daemon is an nftproxy process running inside a network namespace.
+type Daemon struct {
+	ns   *netns.NS
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu  sync.Mutex
+	log bytes.Buffer
+}
+
+// Start runs `nftproxy run args...` inside ns (through `ip netns exec`).
+func Start(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
+	d := &Daemon{ns: ns, done: make(chan struct{})}
+	d.cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name(), binary, "run"}, args...)...)
+	d.cmd.Stdout = d
+	d.cmd.Stderr = d
+	// The daemon must not outlive the test or demo that started it.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start nftproxy: %w", err)
+	}
+	go func() { _ = d.cmd.Wait(); close(d.done) }()
+	return d, nil
+}
+
+// Write collects the daemon's log.
+func (d *Daemon) Write(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.Write(p)
+}
+
+// Log returns what the daemon has logged so far.
+func (d *Daemon) Log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// WaitSynced waits until the daemon has logged n successful syncs in all.
+func (d *Daemon) WaitSynced(ctx context.Context, n int) error {
+	for {
+		if c := strings.Count(d.Log(), `"msg":"Synced"`); c >= n {
+			return nil
+		}
+		select {
+		case <-d.done:
+			return fmt.Errorf("wait for sync: nftproxy exited: %s", d.Log())
+		case <-ctx.Done():
+			return fmt.Errorf("wait for sync %d: %w; log:\n%s", n, ctx.Err(), d.Log())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Syncs counts the successful syncs logged so far.
+func (d *Daemon) Syncs() int { return strings.Count(d.Log(), `"msg":"Synced"`) }
+
+// Stop sends SIGTERM and waits for the process to exit; it is killed if it
+// takes longer than five seconds.
+func (d *Daemon) Stop() error {
+	select {
+	case <-d.done:
+		return nil
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(5 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		return errors.New("stop nftproxy: killed after 5s")
+	}
+	return nil
+}
+
+// Kill ends the process at once, as a crash would.
+func (d *Daemon) Kill() {
+	_ = d.cmd.Process.Kill()
+	<-d.done
+}
