@@ -51,15 +51,35 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 	}
 	if len(s.Elements) > 0 {
 		b.WriteString("\t\telements = { ")
+		perLine := elementsPerLine(s.Key)
 		for i, e := range SortedElements(s) {
-			if i > 0 {
+			switch {
+			case i == 0:
+			case i%perLine == 0:
 				b.WriteString(",\n\t\t\t     ")
+			default:
+				b.WriteString(", ")
 			}
 			b.WriteString(renderElement(s, e))
 		}
 		b.WriteString(" }\n")
 	}
 	b.WriteString("\t}\n")
+}
+
+// elementsPerLine is how many elements nft 1.0.6 prints on one line: it
+// depends on the key's size (measured: ports 5, IPv4 addresses 2, wider keys
+// and concatenations 1).
+func elementsPerLine(key []DataType) int {
+	if len(key) == 1 {
+		switch key[0] {
+		case TypeInetService:
+			return 5
+		case TypeIPv4Addr:
+			return 2
+		}
+	}
+	return 1
 }
 
 func renderElement(s *Set, e Element) string {
