@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
@@ -111,7 +111,7 @@ func TestDiff(t *testing.T) {
 			if !ok {
 				t.Fatal("Diff reported the change as not incremental")
 			}
-			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			if diff := gocmp.Diff(tt.want, got, cmpopts.EquateEmpty(), gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 				t.Errorf("Diff (-want +got):\n%s", diff)
 			}
 		})
@@ -142,7 +142,7 @@ func TestRenderSortsLikeNft(t *testing.T) {
 		got = append(got, renderElement(s, e))
 	}
 	want := []string{"tcp . 256", "tcp . 1", "sctp . 5", "udp . 53", "tcp . 80", "udp . 80", "tcp . 30080"}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := gocmp.Diff(want, got); diff != "" {
 		t.Errorf("element order (-want +got):\n%s", diff)
 	}
 }
