@@ -23,7 +23,7 @@ type Table interface {
 
 // ErrNotExist is what Table.Delete returns (or wraps) when the flow is not in
 // the table any more; netlink reports it as ENOENT.
-var ErrNotExist = unix.ENOENT
+var ErrNotExist error = unix.ENOENT
 
 // Result describes one Reconcile call, for metrics and logs.
 type Result struct {
