@@ -1,0 +1,305 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// The node of these tests: 192.168.77.1 towards the clients (192.168.77.2 is
+// one), 10.244.1.1 on the pod bridge, fd77::1 for IPv6, and loopback.
+func traceNodeLocal(a netip.Addr) bool {
+	switch a.String() {
+	case "192.168.77.1", "10.244.1.1", "fd77::1", "::1":
+		return true
+	}
+	return netip.MustParsePrefix("127.0.0.0/8").Contains(a)
+}
+
+const (
+	podSrc     = "10.244.1.50"  // a pod on this node, not an endpoint
+	outsideSrc = "192.168.77.2" // a client outside the cluster
+)
+
+// tracePkt is a TCP packet from src arriving at the node (prerouting).
+func tracePkt(src, dst string, port uint16, mods ...func(*m.Packet)) m.Packet {
+	p := m.Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Proto: 6,
+		SrcPort: 41000, DstPort: port, Local: traceNodeLocal, Hook: m.HookPrerouting}
+	for _, mod := range mods {
+		mod(&p)
+	}
+	return p
+}
+
+// fromNode makes the packet one the node sends itself.
+func fromNode(p *m.Packet) { p.Hook = m.HookOutput }
+func udpPkt(p *m.Packet)   { p.Proto = 17 }
+func marked(mark uint32) func(*m.Packet) {
+	return func(p *m.Packet) { p.Mark = mark }
+}
+
+func externalIP(ip string) func(*k8s.ServicePort) {
+	return func(sp *k8s.ServicePort) { sp.ExternalIPs = append(sp.ExternalIPs, netip.MustParseAddr(ip)) }
+}
+
+// ipv6 turns a service built by svc into an IPv6 one.
+func ipv6(sp *k8s.ServicePort) {
+	sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00:96::10")}
+	for i := range sp.Endpoints {
+		sp.Endpoints[i].Addr = netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x00, 2: 0x02, 3: 0x44, 15: byte(0x10 + i)})
+	}
+}
+
+func TestTraceCompiled(t *testing.T) {
+	web2 := []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080))}
+	web0 := []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, nodePort(30080))}
+	both := []string{"10.244.1.10:8080", "10.244.1.11:8080"}
+	v6Config := Config{Family: m.IPv6, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}
+
+	tests := []struct {
+		name     string
+		services []k8s.ServicePort
+		cfg      *Config // testConfig when nil
+		p        m.Packet
+		verdict  string
+		reach    []string // endpoints reached
+		// masqueraded are the endpoints whose branch is masqueraded.
+		masqueraded []string
+	}{
+		{
+			name:     "ClusterIP from a pod reaches every endpoint, source kept",
+			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80),
+			verdict: m.VerdictAccept, reach: both,
+		},
+		{
+			name:     "ClusterIP from outside the cluster CIDR is masqueraded",
+			services: web2, p: tracePkt(outsideSrc, "10.96.0.10", 80),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "ClusterIP from the node itself is masqueraded",
+			services: web2, p: tracePkt("192.168.77.1", "10.96.0.10", 80, fromNode),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "ClusterIP on an unknown port passes untouched",
+			services: web2, p: tracePkt(podSrc, "10.96.0.10", 81),
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "ClusterIP with the other protocol passes untouched",
+			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80, udpPkt),
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "NodePort on a node address from outside reaches endpoints, masqueraded",
+			services: web2, p: tracePkt(outsideSrc, "192.168.77.1", 30080),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "NodePort on the node's bridge address from a pod",
+			services: web2, p: tracePkt(podSrc, "10.244.1.1", 30080),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "NodePort from the node itself to its own address",
+			services: web2, p: tracePkt("192.168.77.1", "192.168.77.1", 30080, fromNode),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "NodePort on loopback does not match",
+			services: web2, p: tracePkt("127.0.0.1", "127.0.0.1", 30080, fromNode),
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "NodePort on an address that is not the node's does not match",
+			services: web2, p: tracePkt(outsideSrc, "192.168.77.9", 30080),
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "NodePort outside --nodeport-addresses does not match",
+			services: web2, p: tracePkt(podSrc, "10.244.1.1", 30080),
+			cfg: &Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs,
+				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}},
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "NodePort inside --nodeport-addresses matches",
+			services: web2, p: tracePkt(outsideSrc, "192.168.77.1", 30080),
+			cfg: &Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs,
+				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}},
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "ClusterIP without endpoints is rejected",
+			services: web0, p: tracePkt(podSrc, "10.96.0.10", 80),
+			verdict: m.VerdictReject,
+		},
+		{
+			name:     "ClusterIP without endpoints is rejected from the node too",
+			services: web0, p: tracePkt("192.168.77.1", "10.96.0.10", 80, fromNode),
+			verdict: m.VerdictReject,
+		},
+		{
+			name:     "NodePort without endpoints is rejected",
+			services: web0, p: tracePkt(outsideSrc, "192.168.77.1", 30080),
+			verdict: m.VerdictReject,
+		},
+		{
+			name:     "NodePort without endpoints on loopback is not rejected",
+			services: web0, p: tracePkt("127.0.0.1", "127.0.0.1", 30080, fromNode),
+			verdict: m.VerdictAccept,
+		},
+		{
+			name:     "UDP ClusterIP reaches its endpoints",
+			services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 2, udp)},
+			p:        tracePkt(podSrc, "10.96.0.53", 53, udpPkt),
+			verdict:  m.VerdictAccept, reach: both,
+		},
+		{
+			name:     "UDP ClusterIP without endpoints is rejected",
+			services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 0, udp)},
+			p:        tracePkt(podSrc, "10.96.0.53", 53, udpPkt),
+			verdict:  m.VerdictReject,
+		},
+		{
+			name:     "TCP to a UDP service port passes untouched",
+			services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 2, udp)},
+			p:        tracePkt(podSrc, "10.96.0.53", 53),
+			verdict:  m.VerdictAccept,
+		},
+		{
+			name:     "hairpin: the only endpoint reaches itself, masqueraded",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)},
+			p:        tracePkt("10.244.1.10", "10.96.0.10", 80),
+			verdict:  m.VerdictAccept, reach: []string{"10.244.1.10:8080"}, masqueraded: []string{"10.244.1.10:8080"},
+		},
+		{
+			name:     "hairpin: of two endpoints only the way back to itself is masqueraded",
+			services: web2, p: tracePkt("10.244.1.11", "10.96.0.10", 80),
+			verdict: m.VerdictAccept, reach: both, masqueraded: []string{"10.244.1.11:8080"},
+		},
+		{
+			name:     "the drop mark is dropped after DNAT",
+			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80, marked(0x8000)),
+			verdict: m.VerdictDrop,
+		},
+		{
+			name:     "the drop mark is dropped on the input path",
+			services: web2, p: tracePkt(outsideSrc, "192.168.77.1", 22, marked(0x8000)),
+			verdict: m.VerdictDrop,
+		},
+		{
+			name:     "the drop mark is dropped on output",
+			services: web2, p: tracePkt("192.168.77.1", "192.168.77.2", 22, fromNode, marked(0x8000)),
+			verdict: m.VerdictDrop,
+		},
+		{
+			name:     "--masquerade-all masquerades pods too",
+			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80),
+			cfg:     &Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, MasqueradeAll: true},
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "without a cluster CIDR nothing is masqueraded for ClusterIPs",
+			services: web2, p: tracePkt(outsideSrc, "10.96.0.10", 80),
+			cfg:     &Config{Family: m.IPv4},
+			verdict: m.VerdictAccept, reach: both,
+		},
+		{
+			name:     "external IP from a pod is masqueraded",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, externalIP("192.168.77.100"))},
+			p:        tracePkt(podSrc, "192.168.77.100", 80),
+			verdict:  m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "IPv6 ClusterIP from a pod",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6)},
+			p:        tracePkt("fd00:244::50", "fd00:96::10", 80),
+			cfg:      &v6Config,
+			verdict:  m.VerdictAccept, reach: []string{"[fd00:244::10]:8080", "[fd00:244::11]:8080"},
+		},
+		{
+			name:     "IPv6 ClusterIP from outside",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6)},
+			p:        tracePkt("fd77::2", "fd00:96::10", 80),
+			cfg:      &v6Config,
+			verdict:  m.VerdictAccept, reach: []string{"[fd00:244::10]:8080", "[fd00:244::11]:8080"},
+			masqueraded: []string{"[fd00:244::10]:8080", "[fd00:244::11]:8080"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig
+			if tt.cfg != nil {
+				cfg = *tt.cfg
+			}
+			got := m.Trace(Compile(&k8s.Snapshot{Services: tt.services}, cfg), tt.p)
+			explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
+			if got.Verdict != tt.verdict {
+				t.Errorf("verdict = %q, want %q%s", got.Verdict, tt.verdict, explain)
+			}
+			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
+			}
+			var masq []netip.AddrPort
+			for _, b := range got.Branches {
+				if b.Masquerade {
+					masq = append(masq, b.Endpoint)
+				}
+			}
+			slices.SortFunc(masq, netip.AddrPort.Compare)
+			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+			}
+			if got.Masquerade != (len(tt.masqueraded) > 0) {
+				t.Errorf("Masquerade = %v, want %v%s", got.Masquerade, len(tt.masqueraded) > 0, explain)
+			}
+		})
+	}
+}
+
+// TestTraceRejectKind checks how a service without endpoints answers: a TCP
+// reset for TCP, an ICMP error for everything else.
+func TestTraceRejectKind(t *testing.T) {
+	tests := []struct {
+		name     string
+		services []k8s.ServicePort
+		p        m.Packet
+		want     string
+	}{
+		{name: "TCP", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0)},
+			p: tracePkt(podSrc, "10.96.0.10", 80), want: "reject with tcp reset"},
+		{name: "UDP", services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 0, udp)},
+			p: tracePkt(podSrc, "10.96.0.53", 53, udpPkt), want: "reject"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := m.Trace(Compile(&k8s.Snapshot{Services: tt.services}, testConfig), tt.p)
+			if len(got.Steps) < 2 {
+				t.Fatalf("steps = %q, want a reject and a verdict", got.Steps)
+			}
+			last := got.Steps[len(got.Steps)-2] // before "verdict: reject"
+			if _, rule, _ := strings.Cut(last, ": "); rule != tt.want {
+				t.Errorf("rejecting step = %q, want the rule %q\nsteps:\n%s", last, tt.want, strings.Join(got.Steps, "\n"))
+			}
+		})
+	}
+}
+
+func addrPorts(ss []string) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddrPort(s)
+	}
+	return out
+}
