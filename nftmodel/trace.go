@@ -269,7 +269,7 @@ func (t *tracer) run(w *walk) {
 		}
 		top := &w.stack[len(w.stack)-1]
 		if top.next == len(top.chain.Rules) {
-			t.leave(w, "end of chain")
+			t.leave(w)
 			continue
 		}
 		r := top.chain.Rules[top.next]
@@ -328,14 +328,14 @@ func (t *tracer) gotoChain(w *walk, name string) {
 }
 
 // leave pops the running chain at its end.
-func (t *tracer) leave(w *walk, why string) {
+func (t *tracer) leave(w *walk) {
 	name := w.stack[len(w.stack)-1].chain.Name
 	w.stack = w.stack[:len(w.stack)-1]
 	if len(w.stack) == 0 {
-		t.step(w, fmt.Sprintf("%s: %s, policy accept", name, why))
+		t.step(w, name+": end of chain, policy accept")
 		return
 	}
-	t.step(w, fmt.Sprintf("%s: %s, back to %s", name, why, w.stack[len(w.stack)-1].chain.Name))
+	t.step(w, fmt.Sprintf("%s: end of chain, back to %s", name, w.stack[len(w.stack)-1].chain.Name))
 }
 
 // returned notes where a return statement sent evaluation.
