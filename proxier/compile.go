@@ -26,6 +26,9 @@ func (c Config) addrInFamily(a netip.Addr) bool {
 	return a.IsValid() && a.Is4() == (c.Family == m.IPv4)
 }
 
+// rejectVerdict answers traffic to a service port without endpoints.
+var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
+
 var (
 	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
 	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
@@ -85,7 +88,7 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 	addVIP := func(vip netip.Addr, chain string) {
 		key := []m.Value{m.A(vip), proto, port}
 		if len(eps) == 0 {
-			c.noEndpointIPs = append(c.noEndpointIPs, m.Element{Key: key, Comment: comment})
+			c.noEndpointIPs = append(c.noEndpointIPs, m.Element{Key: key, Comment: comment, Verdict: rejectVerdict})
 			return
 		}
 		c.serviceIPs = append(c.serviceIPs, m.Element{Key: key, Comment: comment,
@@ -111,7 +114,7 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 	}
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
 	if len(eps) == 0 {
-		c.noEndpointNodePorts = append(c.noEndpointNodePorts, m.Element{Key: key, Comment: comment})
+		c.noEndpointNodePorts = append(c.noEndpointNodePorts, m.Element{Key: key, Comment: comment, Verdict: rejectVerdict})
 		return
 	}
 	c.serviceNodePorts = append(c.serviceNodePorts, m.Element{Key: key, Comment: comment,
@@ -174,8 +177,8 @@ func (c *compiler) sets() []*m.Set {
 	sets := []*m.Set{
 		{Name: mapServiceIPs, Key: c.vipT, Data: verdict, Elements: c.serviceIPs},
 		{Name: mapServiceNodePorts, Key: c.npT, Data: verdict, Elements: c.serviceNodePorts},
-		{Name: setNoEndpointServices, Key: c.vipT, Elements: c.noEndpointIPs},
-		{Name: setNoEndpointNodePorts, Key: c.npT, Elements: c.noEndpointNodePorts},
+		{Name: mapNoEndpointServices, Key: c.vipT, Data: verdict, Elements: c.noEndpointIPs},
+		{Name: mapNoEndpointNodePorts, Key: c.npT, Data: verdict, Elements: c.noEndpointNodePorts},
 		{Name: setHairpin, Key: hairpinT, Elements: hairpin},
 	}
 	for i, els := range c.slots {
@@ -236,13 +239,13 @@ func (c *compiler) fixedChains() []*m.Chain {
 		{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapServiceIPs}}},
 	}}
 	check := &m.Chain{Name: chainEndpointsCheck, Rules: []m.Rule{
-		{Exprs: []m.Expr{m.MatchSet{Key: vipKey, Set: setNoEndpointServices}, m.Verdict{Kind: m.Goto, Chain: chainReject}}},
+		{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapNoEndpointServices}}},
 	}}
 	for _, match := range c.nodePortMatch() {
 		services.Rules = append(services.Rules, m.Rule{Exprs: append(slices.Clone(match),
 			m.VerdictMap{Key: nodePortKey, Map: mapServiceNodePorts})})
 		check.Rules = append(check.Rules, m.Rule{Exprs: append(slices.Clone(match),
-			m.MatchSet{Key: nodePortKey, Set: setNoEndpointNodePorts}, m.Verdict{Kind: m.Goto, Chain: chainReject})})
+			m.VerdictMap{Key: nodePortKey, Map: mapNoEndpointNodePorts})})
 	}
 	return []*m.Chain{
 		services,

@@ -25,8 +25,8 @@ const (
 	// Sets and maps.
 	mapServiceIPs          = "service-ips"
 	mapServiceNodePorts    = "service-nodeports"
-	setNoEndpointServices  = "no-endpoint-services"
-	setNoEndpointNodePorts = "no-endpoint-nodeports"
+	mapNoEndpointServices  = "no-endpoint-services"
+	mapNoEndpointNodePorts = "no-endpoint-nodeports"
 	setHairpin             = "hairpin"
 
 	// Marks, as kube-proxy uses them.

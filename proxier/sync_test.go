@@ -1,0 +1,74 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// recordingKernel records what the proxier asks of the kernel. It checks no
+// semantics of its own: the netlink applier's kernel tests do that.
+type recordingKernel struct {
+	calls []string
+	fail  error
+}
+
+func (k *recordingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	k.calls = append(k.calls, "full "+rs.Family.String())
+	return m.Stats{Messages: 100}, k.fail
+}
+
+func (k *recordingKernel) ApplyChanges(f m.Family, _ string, c *m.Changes) (m.Stats, error) {
+	k.calls = append(k.calls, "delta "+f.String())
+	return m.Stats{Messages: 4}, k.fail
+}
+
+func TestSyncFullThenDelta(t *testing.T) {
+	k := &recordingKernel{}
+	p := New(Options{Configs: []Config{testConfig}, Kernel: k})
+	ctx := context.Background()
+	one := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
+	two := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3)}}
+
+	steps := []struct {
+		name string
+		snap *k8s.Snapshot
+		full bool
+		fail error
+		want []string
+	}{
+		{name: "first sync is full", snap: one, want: []string{"full ip"}},
+		{name: "no change sends nothing", snap: one},
+		{name: "endpoint change is a delta", snap: two, want: []string{"delta ip"}},
+		{name: "failed delta", snap: one, fail: errors.New("ENOBUFS"), want: []string{"delta ip"}},
+		{name: "after a failure the sync is full", snap: one, want: []string{"full ip"}},
+		{name: "forced full sync", snap: one, full: true, want: []string{"full ip"}},
+	}
+	for _, st := range steps {
+		k.calls, k.fail = nil, st.fail
+		err := p.Sync(ctx, st.snap, st.full)
+		if (err != nil) != (st.fail != nil) {
+			t.Fatalf("%s: Sync error = %v, want failure %v", st.name, err, st.fail != nil)
+		}
+		if len(k.calls) != len(st.want) || (len(st.want) > 0 && k.calls[0] != st.want[0]) {
+			t.Errorf("%s: kernel calls %v, want %v", st.name, k.calls, st.want)
+		}
+	}
+}
+
+func TestCountChanges(t *testing.T) {
+	a := svc("a", "http", "10.96.0.10", 2)
+	b := svc("b", "http", "10.96.0.11", 1)
+	b2 := svc("b", "http", "10.96.0.11", 2)
+	c := svc("c", "http", "10.96.0.12", 1, nodePort(30000))
+	prev := &k8s.Snapshot{Services: []k8s.ServicePort{a, b}}
+	next := &k8s.Snapshot{Services: []k8s.ServicePort{b2, c}}
+	svcs, eps := countChanges(prev, next)
+	// a removed, c added; b's endpoints and c's endpoints changed.
+	if svcs != 2 || eps != 2 {
+		t.Errorf("countChanges = %d services, %d endpoints; want 2, 2", svcs, eps)
+	}
+}
