@@ -1,0 +1,617 @@
+package k8s
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// LabelServiceProxyName marks a Service (and its slices) as handled by
+// another proxy; kube-proxy and nftproxy leave such services alone.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// maxAffinitySeconds is the API server's limit on
+// sessionAffinityConfig.clientIP.timeoutSeconds.
+const maxAffinitySeconds = 86400
+
+// problems collects the errors found in one object.
+type problems struct {
+	kind, ns, name string
+	errs           []error
+}
+
+func (p *problems) add(field, skipped string, err error) {
+	p.errs = append(p.errs, &ObjectError{Kind: p.kind, Namespace: p.ns, Name: p.name, Field: field, Skipped: skipped, Err: err})
+}
+
+// IgnoreReason says why nftproxy leaves a Service alone without it being an
+// error, or "" when the service is to be proxied.
+func IgnoreReason(svc *v1.Service) string {
+	switch {
+	case svc.Spec.Type == v1.ServiceTypeExternalName:
+		return "ExternalName service"
+	case svc.Spec.ClusterIP == v1.ClusterIPNone:
+		return "headless service"
+	}
+	if _, ok := svc.Labels[v1.IsHeadlessService]; ok {
+		return "headless service"
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return "service of another proxy (" + LabelServiceProxyName + ")"
+	}
+	return ""
+}
+
+// ServicePorts validates a Service and returns one ServicePort per valid
+// port, without endpoints, sorted by port name and protocol. A service that
+// is ignored (see IgnoreReason) gives neither ports nor errors. An error in a
+// field that concerns the whole service skips the service; an error in a port
+// skips that port only. Each error is an *ObjectError.
+//
+// Unset fields mean what the API server would default them to, so manifests
+// that never went through an API server work too.
+func ServicePorts(svc *v1.Service) ([]ServicePort, []error) {
+	if svc == nil || IgnoreReason(svc) != "" {
+		return nil, nil
+	}
+	p := &problems{kind: KindService, ns: svc.Namespace, name: svc.Name}
+	base, ok := serviceBase(svc, p)
+	if !ok {
+		return nil, p.errs
+	}
+	spec := &svc.Spec
+	type protoKey struct {
+		s     string
+		n     int32
+		proto Protocol
+	}
+	seen := map[protoKey]string{}
+	var out []ServicePort
+	for i := range spec.Ports {
+		sp := &spec.Ports[i]
+		field := fmt.Sprintf("spec.ports[%d]", i)
+		n := len(p.errs)
+		skipped := portLabel(sp.Name, sp.Port, sp.Protocol)
+		proto, err := parseProtocol(string(sp.Protocol))
+		if err != nil {
+			p.add(field+".protocol", skipped, err)
+		}
+		if err := checkPortName(sp.Name); err != nil {
+			p.add(field+".name", skipped, err)
+		} else if sp.Name == "" && len(spec.Ports) > 1 {
+			p.add(field+".name", skipped, reasonf(ErrMissingField, "a service with several ports must name each"))
+		}
+		if err := checkPort(sp.Port); err != nil {
+			p.add(field+".port", skipped, err)
+		}
+		if sp.NodePort != 0 {
+			if sp.NodePort < 0 || sp.NodePort > 65535 {
+				p.add(field+".nodePort", skipped, reasonf(ErrPortRange, "nodePort %d not in 1-65535", sp.NodePort))
+			} else if spec.Type != v1.ServiceTypeNodePort && spec.Type != v1.ServiceTypeLoadBalancer {
+				p.add(field+".nodePort", skipped, reasonf(ErrInvalidValue, "nodePort on a service of type %s", serviceType(spec.Type)))
+			}
+		}
+		if len(p.errs) > n {
+			continue
+		}
+		// Duplicates would give the compiler two rules for one key; the API
+		// server rejects them, manifests may still hold them.
+		dup := func(k protoKey, what string) bool {
+			if prev, ok := seen[k]; ok {
+				p.add(field, skipped, reasonf(ErrDuplicate, "%s also used by %s", what, prev))
+				return true
+			}
+			return false
+		}
+		if dup(protoKey{s: sp.Name, proto: proto}, fmt.Sprintf("name %q", sp.Name)) ||
+			dup(protoKey{n: sp.Port, proto: proto}, fmt.Sprintf("port %d/%s", sp.Port, proto)) ||
+			(sp.NodePort != 0 && dup(protoKey{s: "nodePort", n: sp.NodePort, proto: proto}, fmt.Sprintf("nodePort %d/%s", sp.NodePort, proto))) {
+			continue
+		}
+		seen[protoKey{s: sp.Name, proto: proto}] = field
+		seen[protoKey{n: sp.Port, proto: proto}] = field
+		if sp.NodePort != 0 {
+			seen[protoKey{s: "nodePort", n: sp.NodePort, proto: proto}] = field
+		}
+		out = append(out, base)
+		o := &out[len(out)-1]
+		o.Name.Port = sp.Name
+		o.Name.Protocol = proto
+		o.Port = uint16(sp.Port)
+		o.NodePort = uint16(sp.NodePort)
+	}
+	slices.SortFunc(out, func(a, b ServicePort) int { return compareNames(a.Name, b.Name) })
+	return out, p.errs
+}
+
+// serviceBase checks the service-wide fields and returns a ServicePort that
+// holds them; ok is false when the service must be skipped.
+func serviceBase(svc *v1.Service, p *problems) (base ServicePort, ok bool) {
+	const skip = "service"
+	n := len(p.errs)
+	if err := checkObjectName(svc.Name, validation.IsDNS1035Label); err != nil {
+		p.add("metadata.name", skip, err)
+	}
+	if err := checkObjectName(svc.Namespace, validation.IsDNS1123Label); err != nil {
+		p.add("metadata.namespace", skip, err)
+	}
+	spec := &svc.Spec
+	switch spec.Type {
+	case "", v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
+	default:
+		p.add("spec.type", skip, reasonf(ErrInvalidValue, "unknown type %q", spec.Type))
+	}
+	if len(spec.Ports) == 0 {
+		p.add("spec.ports", skip, reasonf(ErrMissingField, "a service needs at least one port"))
+	}
+
+	clusterIPs := spec.ClusterIPs
+	field := "spec.clusterIPs"
+	if len(clusterIPs) == 0 && spec.ClusterIP != "" {
+		clusterIPs, field = []string{spec.ClusterIP}, "spec.clusterIP"
+	}
+	switch {
+	case len(clusterIPs) == 0:
+		p.add("spec.clusterIP", skip, reasonf(ErrMissingField, "no cluster IP"))
+	case len(clusterIPs) > 2:
+		p.add(field, skip, reasonf(ErrInvalidValue, "%d cluster IPs, at most one per family", len(clusterIPs)))
+	case spec.ClusterIP != "" && spec.ClusterIP != clusterIPs[0]:
+		p.add(field, skip, reasonf(ErrInvalidValue, "clusterIPs[0] %q differs from clusterIP %q", clusterIPs[0], spec.ClusterIP))
+	}
+	for i, s := range clusterIPs {
+		a, err := parseServiceIP(s, false)
+		if err != nil {
+			p.add(fmt.Sprintf("%s[%d]", field, i), skip, err)
+			continue
+		}
+		if len(base.ClusterIPs) == 1 && base.ClusterIPs[0].Is4() == a.Is4() {
+			p.add(fmt.Sprintf("%s[%d]", field, i), skip, reasonf(ErrInvalidValue, "two cluster IPs of one family"))
+			continue
+		}
+		base.ClusterIPs = append(base.ClusterIPs, a)
+	}
+	for i, s := range spec.ExternalIPs {
+		a, err := parseServiceIP(s, true)
+		if err != nil {
+			p.add(fmt.Sprintf("spec.externalIPs[%d]", i), skip, err)
+			continue
+		}
+		base.ExternalIPs = append(base.ExternalIPs, a)
+	}
+	if spec.Type == v1.ServiceTypeLoadBalancer {
+		for i, ing := range svc.Status.LoadBalancer.Ingress {
+			// Hostname-only ingresses have nothing to program; in Proxy
+			// mode the load balancer sends to the node, not to the VIP.
+			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+				continue
+			}
+			a, err := parseServiceIP(ing.IP, false)
+			if err != nil {
+				p.add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), skip, err)
+				continue
+			}
+			base.LoadBalancerIPs = append(base.LoadBalancerIPs, a)
+		}
+	}
+	for i, s := range spec.LoadBalancerSourceRanges {
+		pfx, err := parsePrefix(s)
+		if err != nil {
+			p.add(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), skip, err)
+			continue
+		}
+		base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, pfx)
+	}
+	base.ClusterIPs = dedupSorted(base.ClusterIPs)
+	base.ExternalIPs = dedupSorted(base.ExternalIPs)
+	base.LoadBalancerIPs = dedupSorted(base.LoadBalancerIPs)
+	base.LoadBalancerSourceRanges = dedupPrefixes(base.LoadBalancerSourceRanges)
+
+	switch spec.ExternalTrafficPolicy {
+	case "", v1.ServiceExternalTrafficPolicyCluster:
+	case v1.ServiceExternalTrafficPolicyLocal:
+		// Local only changes traffic that comes from outside the cluster.
+		base.ExternalPolicyLocal = spec.Type == v1.ServiceTypeNodePort || spec.Type == v1.ServiceTypeLoadBalancer || len(spec.ExternalIPs) > 0
+	default:
+		p.add("spec.externalTrafficPolicy", skip, reasonf(ErrInvalidValue, "unknown policy %q", spec.ExternalTrafficPolicy))
+	}
+	if itp := spec.InternalTrafficPolicy; itp != nil {
+		switch *itp {
+		case "", v1.ServiceInternalTrafficPolicyCluster:
+		case v1.ServiceInternalTrafficPolicyLocal:
+			base.InternalPolicyLocal = true
+		default:
+			p.add("spec.internalTrafficPolicy", skip, reasonf(ErrInvalidValue, "unknown policy %q", *itp))
+		}
+	}
+	if spec.Type == v1.ServiceTypeLoadBalancer && spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal {
+		if hc := spec.HealthCheckNodePort; hc < 0 || hc > 65535 {
+			p.add("spec.healthCheckNodePort", skip, reasonf(ErrPortRange, "%d not in 1-65535", hc))
+		} else {
+			base.HealthCheckNodePort = uint16(hc)
+		}
+	}
+	switch spec.SessionAffinity {
+	case "", v1.ServiceAffinityNone:
+	case v1.ServiceAffinityClientIP:
+		secs := v1.DefaultClientIPServiceAffinitySeconds
+		if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			secs = *c.ClientIP.TimeoutSeconds
+		}
+		if secs <= 0 || secs > maxAffinitySeconds {
+			p.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", skip,
+				reasonf(ErrInvalidValue, "%d not in 1-%d", secs, maxAffinitySeconds))
+		}
+		base.AffinityTimeout = time.Duration(secs) * time.Second
+	default:
+		p.add("spec.sessionAffinity", skip, reasonf(ErrInvalidValue, "unknown affinity %q", spec.SessionAffinity))
+	}
+	if td := spec.TrafficDistribution; td != nil {
+		base.TrafficDistribution = *td
+	}
+	base.Name = ServicePortName{Namespace: svc.Namespace, Name: svc.Name}
+	return base, len(p.errs) == n
+}
+
+func serviceType(t v1.ServiceType) v1.ServiceType {
+	if t == "" {
+		return v1.ServiceTypeClusterIP
+	}
+	return t
+}
+
+// SliceEndpoints is what one EndpointSlice says about the endpoints of one
+// service, per port.
+type SliceEndpoints struct {
+	Namespace string
+	Name      string // the slice's name
+	Service   string // the kubernetes.io/service-name label
+	Ports     []PortEndpoints
+}
+
+// PortEndpoints are the endpoints of one port of a slice; each endpoint
+// carries the slice's port number for that port.
+type PortEndpoints struct {
+	Name      string
+	Protocol  Protocol
+	Endpoints []Endpoint // sorted by address, then port
+}
+
+// EndpointsFromSlice validates an EndpointSlice and returns its endpoints per
+// port. A bad port or endpoint is skipped with an error; a slice that cannot
+// be attributed (no service-name label, unknown address type, no name) is
+// skipped whole and gives nil. Slices of FQDN addresses, of headless services
+// and of other proxies' services give nil and no error. Like kube-proxy, only
+// the first address of an endpoint is used.
+func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []error) {
+	if slice == nil || slice.AddressType == discoveryv1.AddressTypeFQDN {
+		return nil, nil
+	}
+	if _, ok := slice.Labels[v1.IsHeadlessService]; ok {
+		return nil, nil
+	}
+	if _, ok := slice.Labels[LabelServiceProxyName]; ok {
+		return nil, nil
+	}
+	p := &problems{kind: KindEndpointSlice, ns: slice.Namespace, name: slice.Name}
+	const skip = "slice"
+	if slice.Name == "" {
+		p.add("metadata.name", skip, ErrMissingField)
+	}
+	if slice.Namespace == "" {
+		p.add("metadata.namespace", skip, ErrMissingField)
+	}
+	svcName := slice.Labels[discoveryv1.LabelServiceName]
+	if svcName == "" {
+		p.add("metadata.labels", skip, reasonf(ErrMissingField, "no %s label", discoveryv1.LabelServiceName))
+	}
+	var want func(netip.Addr) bool
+	switch slice.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		want = netip.Addr.Is4
+	case discoveryv1.AddressTypeIPv6:
+		want = netip.Addr.Is6
+	default:
+		p.add("addressType", skip, reasonf(ErrInvalidValue, "unknown address type %q", slice.AddressType))
+	}
+	if len(p.errs) > 0 {
+		return nil, p.errs
+	}
+
+	var eps []Endpoint
+	for i := range slice.Endpoints {
+		e := &slice.Endpoints[i]
+		field := fmt.Sprintf("endpoints[%d].addresses", i)
+		if len(e.Addresses) == 0 {
+			p.add(field, "endpoint", ErrMissingField)
+			continue
+		}
+		a, err := parseEndpointIP(e.Addresses[0])
+		if err == nil && !want(a) {
+			err = reasonf(ErrInvalidIP, "%s in a slice of address type %s", a, slice.AddressType)
+		}
+		if err != nil {
+			p.add(field+"[0]", "endpoint "+e.Addresses[0], err)
+			continue
+		}
+		eps = append(eps, convertEndpoint(e, a))
+	}
+
+	out := &SliceEndpoints{Namespace: slice.Namespace, Name: slice.Name, Service: svcName}
+	type key struct {
+		name  string
+		proto Protocol
+	}
+	seen := map[key]bool{}
+	for i := range slice.Ports {
+		sp := &slice.Ports[i]
+		field := fmt.Sprintf("ports[%d]", i)
+		name := deref(sp.Name)
+		n := len(p.errs)
+		skipped := portLabel(name, deref(sp.Port), deref(sp.Protocol))
+		proto, err := parseProtocol(string(deref(sp.Protocol)))
+		if err != nil {
+			p.add(field+".protocol", skipped, err)
+		}
+		if err := checkPortName(name); err != nil {
+			p.add(field+".name", skipped, err)
+		}
+		if sp.Port == nil {
+			p.add(field+".port", skipped, ErrMissingField)
+		} else if err := checkPort(*sp.Port); err != nil {
+			p.add(field+".port", skipped, err)
+		}
+		if len(p.errs) > n {
+			continue
+		}
+		if seen[key{name, proto}] {
+			p.add(field, skipped, reasonf(ErrDuplicate, "port name %q used twice", name))
+			continue
+		}
+		seen[key{name, proto}] = true
+		pe := PortEndpoints{Name: name, Protocol: proto, Endpoints: make([]Endpoint, len(eps))}
+		for j, e := range eps {
+			e.Port = uint16(*sp.Port)
+			pe.Endpoints[j] = e
+		}
+		pe.Endpoints = mergeEndpoints(pe.Endpoints)
+		out.Ports = append(out.Ports, pe)
+	}
+	slices.SortFunc(out.Ports, func(a, b PortEndpoints) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol))
+	})
+	return out, p.errs
+}
+
+func convertEndpoint(e *discoveryv1.Endpoint, a netip.Addr) Endpoint {
+	c := e.Conditions
+	ready := c.Ready == nil || *c.Ready
+	out := Endpoint{
+		Addr:        a,
+		Ready:       ready,
+		Serving:     ready,
+		Terminating: c.Terminating != nil && *c.Terminating,
+		NodeName:    deref(e.NodeName),
+		Zone:        deref(e.Zone),
+	}
+	if c.Serving != nil {
+		out.Serving = *c.Serving
+	}
+	if h := e.Hints; h != nil {
+		for _, z := range h.ForZones {
+			out.ZoneHints = append(out.ZoneHints, z.Name)
+		}
+		for _, n := range h.ForNodes {
+			out.NodeHints = append(out.NodeHints, n.Name)
+		}
+	}
+	return out
+}
+
+// WithEndpoints returns copies of ports with the endpoints of the slices that
+// belong to them: same namespace, service, port name and protocol. An
+// address and port found in several slices (an endpoint moving between
+// slices) is kept once, with the best conditions; on a tie the earlier slice
+// wins, so pass slices in a stable order.
+func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
+	out := slices.Clone(ports)
+	for i := range out {
+		sp := &out[i]
+		var eps []Endpoint
+		for _, s := range from {
+			if s == nil || s.Namespace != sp.Name.Namespace || s.Service != sp.Name.Name {
+				continue
+			}
+			for _, pe := range s.Ports {
+				if pe.Name == sp.Name.Port && pe.Protocol == sp.Name.Protocol {
+					eps = append(eps, pe.Endpoints...)
+				}
+			}
+		}
+		sp.Endpoints = mergeEndpoints(eps)
+	}
+	return out
+}
+
+// mergeEndpoints sorts endpoints by address and port and keeps the best of
+// each address and port; nil when there are none.
+func mergeEndpoints(eps []Endpoint) []Endpoint {
+	if len(eps) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(eps, func(a, b Endpoint) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(rank(b), rank(a)))
+	})
+	return slices.CompactFunc(eps, func(a, b Endpoint) bool { return a.Addr == b.Addr && a.Port == b.Port })
+}
+
+// rank orders conditions: ready beats serving beats merely not terminating.
+func rank(e Endpoint) int {
+	r := 0
+	if e.Ready {
+		r += 4
+	}
+	if e.Serving {
+		r += 2
+	}
+	if !e.Terminating {
+		r++
+	}
+	return r
+}
+
+// NodeFrom converts a Node: its InternalIP then ExternalIP addresses, in
+// status order and without duplicates; its zone label; a copy of its labels.
+// A bad address is skipped with an error; a node without a name gives the
+// zero Node.
+func NodeFrom(node *v1.Node) (Node, []error) {
+	p := &problems{kind: KindNode, name: node.Name}
+	if node.Name == "" {
+		p.add("metadata.name", "node", ErrMissingField)
+		return Node{}, p.errs
+	}
+	out := Node{Name: node.Name, Zone: node.Labels[v1.LabelTopologyZone], Labels: maps.Clone(node.Labels)}
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for i, na := range node.Status.Addresses {
+			if na.Type != t {
+				continue
+			}
+			a, err := parseIP(na.Address)
+			if err != nil {
+				p.add(fmt.Sprintf("status.addresses[%d]", i), "node address", err)
+				continue
+			}
+			if !slices.Contains(out.Addrs, a) {
+				out.Addrs = append(out.Addrs, a)
+			}
+		}
+	}
+	return out, p.errs
+}
+
+func parseProtocol(s string) (Protocol, error) {
+	switch Protocol(s) {
+	case "", TCP:
+		return TCP, nil
+	case UDP, SCTP:
+		return Protocol(s), nil
+	}
+	return "", reasonf(ErrUnknownProtocol, "%q", s)
+}
+
+func checkPort(port int32) error {
+	if port < 1 || port > 65535 {
+		return reasonf(ErrPortRange, "%d not in 1-65535", port)
+	}
+	return nil
+}
+
+// checkPortName accepts an empty name or a DNS-1123 label.
+func checkPortName(name string) error {
+	if name == "" {
+		return nil
+	}
+	return checkObjectName(name, validation.IsDNS1123Label)
+}
+
+func checkObjectName(name string, valid func(string) []string) error {
+	switch {
+	case name == "":
+		return ErrMissingField
+	case len(name) > validation.DNS1123LabelMaxLength:
+		return reasonf(ErrNameTooLong, "%d characters, at most %d", len(name), validation.DNS1123LabelMaxLength)
+	}
+	if msgs := valid(name); len(msgs) > 0 {
+		return reasonf(ErrInvalidName, "%q: %s", name, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// parseIP accepts a plain IPv4 or IPv6 address; mapped IPv4 and zones are
+// refused because their family would be ambiguous in the ruleset.
+func parseIP(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" || a.Is4In6() {
+		return netip.Addr{}, reasonf(ErrInvalidIP, "%q", s)
+	}
+	return a, nil
+}
+
+// parseServiceIP parses an address traffic is sent to. Like the API server,
+// external IPs may not be loopback or link-local either.
+func parseServiceIP(s string, external bool) (netip.Addr, error) {
+	a, err := parseIP(s)
+	if err != nil {
+		return a, err
+	}
+	if a.IsUnspecified() || a.IsMulticast() || (external && (a.IsLoopback() || a.IsLinkLocalUnicast())) {
+		return netip.Addr{}, reasonf(ErrInvalidIP, "%s can't be a service address", a)
+	}
+	return a, nil
+}
+
+// parseEndpointIP refuses what the API server refuses in endpoints and what
+// DNAT can't reach.
+func parseEndpointIP(s string) (netip.Addr, error) {
+	a, err := parseIP(s)
+	if err != nil {
+		return a, err
+	}
+	if a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() {
+		return netip.Addr{}, reasonf(ErrInvalidIP, "%s can't be an endpoint", a)
+	}
+	return a, nil
+}
+
+// parsePrefix parses a CIDR and clears its host bits, as the API server
+// tolerates "10.0.0.1/8".
+func parsePrefix(s string) (netip.Prefix, error) {
+	pfx, err := netip.ParsePrefix(strings.TrimSpace(s))
+	if err != nil || pfx.Addr().Zone() != "" || pfx.Addr().Is4In6() {
+		return netip.Prefix{}, reasonf(ErrInvalidPrefix, "%q", s)
+	}
+	return pfx.Masked(), nil
+}
+
+func dedupSorted(as []netip.Addr) []netip.Addr {
+	slices.SortFunc(as, netip.Addr.Compare)
+	return slices.Compact(as)
+}
+
+func dedupPrefixes(ps []netip.Prefix) []netip.Prefix {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return slices.Compact(ps)
+}
+
+func portLabel(name string, port int32, proto v1.Protocol) string {
+	if proto == "" {
+		proto = v1.ProtocolTCP
+	}
+	if name != "" {
+		return fmt.Sprintf("port %q/%s", name, proto)
+	}
+	return "port " + strconv.Itoa(int(port)) + "/" + string(proto)
+}
+
+func compareNames(a, b ServicePortName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
