@@ -112,7 +112,8 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		s.timeout = 60 * time.Second
 	}
 	if s.Dir == "" {
-		if s.Dir, err = os.MkdirTemp("", "nftproxy-apiserver-"); err != nil {
+		removeStaleDirs()
+		if s.Dir, err = os.MkdirTemp("", dirPrefix+strconv.Itoa(os.Getpid())+"-"); err != nil {
 			return nil, fmt.Errorf("create server directory: %w", err)
 		}
 		s.removeDir = true
@@ -419,6 +420,28 @@ func probe(ctx context.Context, client *http.Client, url string) error {
 		return fmt.Errorf("status %s", resp.Status)
 	}
 	return nil
+}
+
+// dirPrefix starts the name of every directory Start creates; the owner's
+// PID follows, so removeStaleDirs can tell which owners are gone.
+const dirPrefix = "nftproxy-apiserver-"
+
+// removeStaleDirs deletes directories left by test processes that died
+// before Stop (etcd preallocates over 100 MB in each). A directory whose PID
+// is alive is kept even if the PID was reused: leaking is safer than removing
+// a running server's data.
+func removeStaleDirs() {
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range matches {
+		pidStr, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(dir), dirPrefix), "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
 
 // freePorts reserves n distinct loopback ports by binding them at once, then

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +78,33 @@ func TestProcessExitAndStop(t *testing.T) {
 				t.Errorf("log %q does not contain %q", p.tail(), tc.wantLog)
 			}
 		})
+	}
+}
+
+func TestRemoveStaleDirs(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	self := strconv.Itoa(os.Getpid())
+	tests := []struct {
+		name     string
+		wantKept bool
+	}{
+		{name: dirPrefix + self + "-123", wantKept: true},
+		// PIDs are below 2^22 on Linux, so this owner cannot be alive.
+		{name: dirPrefix + "99999999-123", wantKept: false},
+		{name: dirPrefix + "notapid-123", wantKept: true},
+		{name: "other-99999999-123", wantKept: true},
+	}
+	for _, tc := range tests {
+		if err := os.Mkdir(filepath.Join(tmp, tc.name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeStaleDirs()
+	for _, tc := range tests {
+		_, err := os.Stat(filepath.Join(tmp, tc.name))
+		if kept := err == nil; kept != tc.wantKept {
+			t.Errorf("%s: kept=%v, want %v", tc.name, kept, tc.wantKept)
+		}
 	}
 }
