@@ -1,0 +1,339 @@
+package nftmodel
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// batch plans one transaction. Everything that can fail in translation fails
+// while planning, before a single message reaches the Conn, so an invalid
+// model never leaves a half-built batch queued there.
+type batch struct {
+	conn   *nftables.Conn
+	family Family
+	table  *nftables.Table
+	stats  Stats
+	steps  []step
+	sets   map[string]*nftables.Set // sets whose elements the batch may touch
+	types  map[string]*Set          // their types (Name, Key and Data only)
+}
+
+// step queues msgs messages on the Conn; what describes them in errors.
+type step struct {
+	what  string
+	msgs  int
+	queue func() error
+}
+
+func newBatch(conn *nftables.Conn, f Family, table string) *batch {
+	fam := nftables.TableFamilyIPv4
+	if f == IPv6 {
+		fam = nftables.TableFamilyIPv6
+	}
+	return &batch{
+		conn:   conn,
+		family: f,
+		table:  &nftables.Table{Name: table, Family: fam},
+		sets:   map[string]*nftables.Set{},
+		types:  map[string]*Set{},
+	}
+}
+
+func (b *batch) plan(msgs int, queue func() error, format string, args ...any) {
+	b.steps = append(b.steps, step{what: fmt.Sprintf(format, args...), msgs: msgs, queue: queue})
+}
+
+// plan1 plans a library call that queues one message and can't fail.
+func (b *batch) plan1(queue func(), format string, args ...any) {
+	b.plan(1, func() error { queue(); return nil }, format, args...)
+}
+
+func (b *batch) fail(verb string, err error) error {
+	return fmt.Errorf("%s table %s %s: %w", verb, b.family, b.table.Name, err)
+}
+
+func (b *batch) addTable() {
+	b.plan1(func() { b.conn.AddTable(b.table) }, "add table %s %s", b.family, b.table.Name)
+}
+
+func (b *batch) delTable() {
+	b.plan1(func() { b.conn.DelTable(b.table) }, "delete table %s %s", b.family, b.table.Name)
+}
+
+func (b *batch) addSet(s *Set) error {
+	ls, err := libSet(b.table, s)
+	if err != nil {
+		return err
+	}
+	b.plan(1, func() error { return b.conn.AddSet(ls, nil) }, "add set %s", s.Name)
+	b.sets[s.Name] = ls
+	b.types[s.Name] = s
+	b.stats.Sets++
+	return nil
+}
+
+func (b *batch) delSet(name string) {
+	ls := &nftables.Set{Table: b.table, Name: name}
+	b.plan1(func() { b.conn.DelSet(ls) }, "delete set %s", name)
+	b.stats.Sets++
+}
+
+func (b *batch) chain(name string) *nftables.Chain {
+	return &nftables.Chain{Table: b.table, Name: name}
+}
+
+func (b *batch) addChain(c *Chain) {
+	lc := b.chain(c.Name)
+	if c.Base != nil {
+		lc.Type = nftables.ChainTypeFilter
+		if c.Base.Type == TypeNAT {
+			lc.Type = nftables.ChainTypeNAT
+		}
+		lc.Hooknum = nftables.ChainHookRef(libHook(c.Base.Hook))
+		lc.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Base.Priority))
+		accept := nftables.ChainPolicyAccept
+		lc.Policy = &accept
+	}
+	b.plan1(func() { b.conn.AddChain(lc) }, "add chain %s", c.Name)
+	b.stats.Chains++
+}
+
+func libHook(h Hook) nftables.ChainHook {
+	switch h {
+	case HookPrerouting:
+		return *nftables.ChainHookPrerouting
+	case HookInput:
+		return *nftables.ChainHookInput
+	case HookForward:
+		return *nftables.ChainHookForward
+	case HookOutput:
+		return *nftables.ChainHookOutput
+	default:
+		return *nftables.ChainHookPostrouting
+	}
+}
+
+func (b *batch) flushChain(name string) {
+	lc := b.chain(name)
+	b.plan1(func() { b.conn.FlushChain(lc) }, "flush chain %s", name)
+	b.stats.Chains++
+}
+
+func (b *batch) delChain(name string) {
+	lc := b.chain(name)
+	b.plan1(func() { b.conn.DelChain(lc) }, "delete chain %s", name)
+	b.stats.Chains++
+}
+
+// addRules appends the chain's rules in order, each preceded by the anonymous
+// maps it looks up.
+func (b *batch) addRules(c *Chain) error {
+	lc := b.chain(c.Name)
+	for i, r := range c.Rules {
+		if len(r.Comment) > maxCommentLen {
+			return fmt.Errorf("add rule %d of chain %s: comment longer than %d bytes", i+1, c.Name, maxCommentLen)
+		}
+		exprs, anon, err := ruleExprs(b.family, r)
+		if err != nil {
+			return fmt.Errorf("add rule %d of chain %s: %w", i+1, c.Name, err)
+		}
+		text := RenderRule(b.family, r)
+		for _, m := range anon {
+			m.set.Table = b.table
+			b.plan(1+anonMessages(m.elements), func() error { return b.conn.AddSet(m.set, m.elements) },
+				"add anonymous map of rule %d in chain %s: %s", i+1, c.Name, text)
+			b.stats.Elements += len(m.elements)
+		}
+		lr := &nftables.Rule{Table: b.table, Chain: lc, Exprs: exprs}
+		if r.Comment != "" {
+			lr.UserData = userdata.AppendString(nil, userdata.TypeComment, r.Comment)
+		}
+		b.plan1(func() {
+			// The anonymous maps got their transaction IDs when queued just
+			// now: point the rule's unfinished lookups at them, in order.
+			next := 0
+			for _, e := range exprs {
+				if l, ok := e.(*expr.Lookup); ok && l.SetName == "" && next < len(anon) {
+					l.SetName, l.SetID = anon[next].set.Name, anon[next].set.ID
+					next++
+				}
+			}
+			b.conn.AddRule(lr)
+		}, "add rule %d to chain %s: %s", i+1, c.Name, text)
+		b.stats.Rules++
+	}
+	return nil
+}
+
+// learnSets makes sure the batch knows the types of every set whose elements
+// c adds or deletes, asking the kernel about those c does not add.
+func (b *batch) learnSets(c *Changes) error {
+	for _, list := range [][]SetElements{c.DelElements, c.AddElements} {
+		for _, se := range list {
+			if _, ok := b.types[se.Set]; ok {
+				continue
+			}
+			ls, err := b.conn.GetSetByName(b.table, se.Set)
+			if err != nil {
+				return fmt.Errorf("get set %s: %w", se.Set, err)
+			}
+			s, err := modelTypes(ls)
+			if err != nil {
+				return fmt.Errorf("get set %s: %w", se.Set, err)
+			}
+			b.sets[se.Set] = &nftables.Set{Table: b.table, Name: se.Set, HasTimeout: ls.HasTimeout}
+			b.types[se.Set] = s
+		}
+	}
+	return nil
+}
+
+// modelTypes reads the key and value types of a set the kernel reported.
+func modelTypes(ls *nftables.Set) (*Set, error) {
+	s := &Set{Name: ls.Name}
+	var err error
+	if s.Key, err = modelTypeList(ls.KeyType.GetNFTMagic()); err != nil {
+		return nil, fmt.Errorf("read key type: %w", err)
+	}
+	if ls.IsMap {
+		if ls.DataType.GetNFTMagic() == nftables.TypeVerdict.GetNFTMagic() {
+			s.Data = []DataType{TypeVerdict}
+		} else if s.Data, err = modelTypeList(ls.DataType.GetNFTMagic()); err != nil {
+			return nil, fmt.Errorf("read data type: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// modelTypeList decodes nft's type magic: one type, or a concatenation with
+// 6 bits per part, the first part in the highest bits.
+func modelTypeList(magic uint32) ([]DataType, error) {
+	var out []DataType
+	for ; magic != 0; magic >>= nftables.SetConcatTypeBits {
+		var t DataType
+		switch m := magic & nftables.SetConcatTypeMask; m {
+		case nftables.TypeIPAddr.GetNFTMagic():
+			t = TypeIPv4Addr
+		case nftables.TypeIP6Addr.GetNFTMagic():
+			t = TypeIPv6Addr
+		case nftables.TypeInetProto.GetNFTMagic():
+			t = TypeInetProto
+		case nftables.TypeInetService.GetNFTMagic():
+			t = TypeInetService
+		default:
+			return nil, fmt.Errorf("unsupported type %d", m)
+		}
+		out = append([]DataType{t}, out...)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no type")
+	}
+	return out, nil
+}
+
+func (b *batch) addElements(set string, els []Element) error { return b.elements(set, els, true) }
+func (b *batch) delElements(set string, els []Element) error { return b.elements(set, els, false) }
+
+// elements plans element additions or deletions in chunks that each fit one
+// message: google/nftables would split long lists itself, but older versions
+// silently truncated them, and chunks we make ourselves keep Stats exact.
+func (b *batch) elements(set string, els []Element, add bool) error {
+	if len(els) == 0 {
+		return nil
+	}
+	s, ls := b.types[set], b.sets[set]
+	if s == nil || ls == nil {
+		return fmt.Errorf("change elements of set %s: set unknown to this batch", set)
+	}
+	for _, e := range els {
+		if len(e.Comment) > maxCommentLen {
+			return fmt.Errorf("change elements of set %s: comment of %s longer than %d bytes", set, renderValues(s.Key, e.Key), maxCommentLen)
+		}
+	}
+	data := s.Data
+	if !add {
+		data = nil // a deletion names keys only
+	}
+	lels, err := libElements(s.Key, data, add && s.IsVerdictMap(), els)
+	if err != nil {
+		return fmt.Errorf("change elements of set %s: %w", set, err)
+	}
+	verb, call := "add", b.conn.SetAddElements
+	if !add {
+		verb, call = "delete", b.conn.SetDeleteElements
+	}
+	start := 0
+	for _, chunk := range chunks(lels, maxChunkElements, maxChunkBytes) {
+		first, last := els[start], els[start+len(chunk)-1]
+		b.plan(1, func() error { return call(ls, chunk) }, "%s %d elements of set %s (%s … %s)",
+			verb, len(chunk), set, renderValues(s.Key, first.Key), renderValues(s.Key, last.Key))
+		start += len(chunk)
+	}
+	b.stats.Elements += len(els)
+	return nil
+}
+
+// send queues the planned messages and sends them as one batch. On error it
+// tries to name the message the kernel refused.
+func (b *batch) send(verb string) (Stats, error) {
+	var what []string
+	for _, s := range b.steps {
+		if err := s.queue(); err != nil {
+			// google/nftables keeps the error and its Flush then returns it
+			// without sending anything, clearing the queue for the next batch.
+			_ = b.conn.Flush()
+			return Stats{}, b.fail(verb, err)
+		}
+		for range s.msgs {
+			what = append(what, s.what)
+		}
+	}
+	b.stats.Messages = len(what) + 2
+	err := b.conn.Flush()
+	if err == nil {
+		return b.stats, nil
+	}
+	where := fmt.Sprintf("batch of %d messages", b.stats.Messages)
+	if errors.Is(err, unix.ENOBUFS) {
+		where += "; replies were lost, the kernel may have committed it"
+	} else if i, ok := b.locate(err, len(what)); ok {
+		where = fmt.Sprintf("message %d of %d: %s", i+1, len(what), what[i])
+	}
+	return b.stats, fmt.Errorf("%s table %s %s (%s): %w", verb, b.family, b.table.Name, where, err)
+}
+
+// locate finds the index of the message the kernel refused. The kernel
+// reports the refused message's sequence number, but google/nftables numbers
+// messages as it sends them and doesn't say where it started. On a lasting
+// connection (Dial) numbering continues from batch to batch, so one more
+// batch with a message the kernel must refuse without looking at any state
+// (a chain name longer than any allowed) tells where the failed batch began.
+// On any other connection the numbers don't line up and locate reports
+// nothing.
+func (b *batch) locate(err error, n int) (int, bool) {
+	var refused *netlink.OpError
+	if !errors.As(err, &refused) || refused.Sequence == 0 {
+		return 0, false
+	}
+	b.conn.DelChain(&nftables.Chain{Table: b.table, Name: strings.Repeat("x", 300)})
+	var probe *netlink.OpError
+	if perr := b.conn.Flush(); !errors.As(perr, &probe) || probe.Sequence == 0 {
+		return 0, false
+	}
+	// Sequence numbers: failed batch begin s, messages s+1…s+n, end s+n+1;
+	// probe batch begin s+n+2, probe s+n+3. Unsigned arithmetic wraps as the
+	// counter does.
+	first := probe.Sequence - uint32(n) - 2
+	i := refused.Sequence - first
+	if i >= uint32(n) {
+		return 0, false
+	}
+	return int(i), true
+}
