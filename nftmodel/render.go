@@ -190,16 +190,39 @@ func renderChain(b *strings.Builder, f Family, c *Chain) {
 	b.WriteString("\t}\n")
 }
 
-// priorityName prints a priority the way nft 1.0.6 does: standard names only
-// where nft uses them for that hook.
+// priorityName prints a priority the way nft 1.0.6 does: by the first
+// standard priority within 10 of it, as that name plus or minus the offset,
+// unless that name belongs to another hook (dstnat is prerouting's, srcnat
+// postrouting's); then, and when no name is near, as the number.
 func priorityName(bc *BaseChain) string {
-	switch {
-	case bc.Priority == 0:
-		return "filter"
-	case bc.Type == TypeNAT && bc.Hook == HookPrerouting && bc.Priority == -100:
-		return "dstnat"
-	case bc.Type == TypeNAT && bc.Hook == HookPostrouting && bc.Priority == 100:
-		return "srcnat"
+	std := []struct {
+		name string
+		prio int32
+		only Hook // the one hook the name is valid for, if restricted
+		any  bool
+	}{
+		{"raw", -300, 0, true},
+		{"mangle", -150, 0, true},
+		{"dstnat", -100, HookPrerouting, false},
+		{"filter", 0, 0, true},
+		{"security", 50, 0, true},
+		{"srcnat", 100, HookPostrouting, false},
+	}
+	for _, s := range std {
+		off := bc.Priority - s.prio
+		if off < -10 || off > 10 {
+			continue
+		}
+		if !s.any && bc.Hook != s.only {
+			break
+		}
+		switch {
+		case off > 0:
+			return fmt.Sprintf("%s + %d", s.name, off)
+		case off < 0:
+			return fmt.Sprintf("%s - %d", s.name, -off)
+		}
+		return s.name
 	}
 	return fmt.Sprint(bc.Priority)
 }
