@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -126,6 +127,24 @@ func TestServerSideDryRun(t *testing.T) {
 
 	badPort := webService()
 	badPort.Spec.Ports[0].Port = 0
+	labels := map[string]string{"app": "proxy"}
+	daemonSet := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "proxy", Namespace: testNS},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					HostNetwork: true,
+					Containers: []corev1.Container{{
+						Name:            "proxy",
+						Image:           "proxy",
+						SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+					}},
+				},
+			},
+		},
+	}
 
 	tests := []struct {
 		name        string
@@ -163,6 +182,17 @@ func TestServerSideDryRun(t *testing.T) {
 			return err
 		},
 		wantInvalid: true,
+	}, {
+		// A service proxy's DaemonSet is privileged on the host network.
+		name: "privileged host-network daemonset",
+		create: func() error {
+			_, err := cs.AppsV1().DaemonSets(testNS).Create(ctx, daemonSet, dryRun)
+			return err
+		},
+		get: func() error {
+			_, err := cs.AppsV1().DaemonSets(testNS).Get(ctx, "proxy", metav1.GetOptions{})
+			return err
+		},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
