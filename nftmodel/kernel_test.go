@@ -206,6 +206,7 @@ func TestApplyErrorNamesObject(t *testing.T) {
 	if err == nil {
 		t.Fatal("Apply with a jump to a missing chain succeeded")
 	}
+	t.Logf("refused: %v", err)
 	if want := "add rule 1 to chain empty: jump no-such-chain"; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not name %q", err, want)
 	}

@@ -1,0 +1,464 @@
+package nftmodel
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"testing"
+
+	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// recorder is a test dialer: it keeps every batch sent to it and answers a
+// GETSET with the set of that name from sets.
+type recorder struct {
+	t       *testing.T
+	batches [][]netlink.Message
+	sets    map[string]*Set
+}
+
+func newRecorder(t *testing.T, sets ...*Set) (*recorder, *nftables.Conn) {
+	r := &recorder{t: t, sets: map[string]*Set{}}
+	for _, s := range sets {
+		r.sets[s.Name] = s
+	}
+	conn, err := nftables.New(nftables.WithTestDial(r.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, conn
+}
+
+func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {
+	switch {
+	case len(req) == 0: // the library polling for more replies
+		return nil, nil
+	case req[0].Header.Type == netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN):
+		r.batches = append(r.batches, slices.Clone(req))
+		return nil, nil
+	case msgType(req[0]) == "GETSET":
+		return []netlink.Message{r.setReply(req[0])}, nil
+	}
+	r.t.Errorf("unexpected request %s", msgType(req[0]))
+	return nil, nil
+}
+
+// setReply describes a set the way the kernel does in a NEWSET message.
+func (r *recorder) setReply(req netlink.Message) netlink.Message {
+	attrs, err := netlink.UnmarshalAttributes(req.Data[4:])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var name string
+	for _, a := range attrs {
+		if a.Type == unix.NFTA_SET_NAME {
+			name = string(a.Data[:len(a.Data)-1])
+		}
+	}
+	s := r.sets[name]
+	if s == nil {
+		r.t.Fatalf("GETSET for unknown set %q", name)
+	}
+	ls, err := libSet(&nftables.Table{Name: "t"}, s)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	u32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	flags := uint32(0)
+	reply := []netlink.Attribute{
+		{Type: unix.NFTA_SET_TABLE, Data: []byte("t\x00")},
+		{Type: unix.NFTA_SET_NAME, Data: []byte(name + "\x00")},
+		{Type: unix.NFTA_SET_KEY_TYPE, Data: u32(ls.KeyType.GetNFTMagic())},
+		{Type: unix.NFTA_SET_KEY_LEN, Data: u32(ls.KeyType.Bytes)},
+	}
+	if ls.IsMap {
+		flags |= unix.NFT_SET_MAP
+		magic := ls.DataType.GetNFTMagic()
+		if s.IsVerdictMap() {
+			magic = unix.NFT_DATA_VERDICT
+		}
+		reply = append(reply,
+			netlink.Attribute{Type: unix.NFTA_SET_DATA_TYPE, Data: u32(magic)},
+			netlink.Attribute{Type: unix.NFTA_SET_DATA_LEN, Data: u32(ls.DataType.Bytes)})
+	}
+	reply = append(reply, netlink.Attribute{Type: unix.NFTA_SET_FLAGS, Data: u32(flags)})
+	data, err := netlink.MarshalAttributes(reply)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSET), Sequence: req.Header.Sequence},
+		Data:   append([]byte{unix.NFPROTO_IPV4, 0, 0, 0}, data...),
+	}
+}
+
+func (r *recorder) lastBatch() []netlink.Message {
+	r.t.Helper()
+	if len(r.batches) == 0 {
+		r.t.Fatal("no batch was sent")
+	}
+	return r.batches[len(r.batches)-1]
+}
+
+var msgNames = map[int]string{
+	unix.NFT_MSG_NEWTABLE: "NEWTABLE", unix.NFT_MSG_DELTABLE: "DELTABLE",
+	unix.NFT_MSG_NEWCHAIN: "NEWCHAIN", unix.NFT_MSG_DELCHAIN: "DELCHAIN",
+	unix.NFT_MSG_NEWRULE: "NEWRULE", unix.NFT_MSG_DELRULE: "DELRULE",
+	unix.NFT_MSG_NEWSET: "NEWSET", unix.NFT_MSG_DELSET: "DELSET", unix.NFT_MSG_GETSET: "GETSET",
+	unix.NFT_MSG_NEWSETELEM: "NEWSETELEM", unix.NFT_MSG_DELSETELEM: "DELSETELEM",
+}
+
+func msgType(m netlink.Message) string {
+	switch t := int(m.Header.Type); t {
+	case unix.NFNL_MSG_BATCH_BEGIN:
+		return "BEGIN"
+	case unix.NFNL_MSG_BATCH_END:
+		return "END"
+	default:
+		if name, ok := msgNames[t&0xff]; ok && t>>8 == unix.NFNL_SUBSYS_NFTABLES {
+			return name
+		}
+		return fmt.Sprintf("type %#x", t)
+	}
+}
+
+func msgTypes(batch []netlink.Message) []string {
+	out := make([]string, len(batch))
+	for i, m := range batch {
+		out[i] = msgType(m)
+	}
+	return out
+}
+
+// elementKeys returns the keys of the elements in a NEWSETELEM or DELSETELEM.
+func elementKeys(t *testing.T, m netlink.Message) [][]byte {
+	t.Helper()
+	attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys [][]byte
+	for _, a := range attrs {
+		if a.Type&^unix.NLA_F_NESTED != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		els, err := netlink.UnmarshalAttributes(a.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, el := range els {
+			fields, err := netlink.UnmarshalAttributes(el.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range fields {
+				if f.Type&^unix.NLA_F_NESTED == unix.NFTA_SET_ELEM_KEY {
+					v, err := netlink.UnmarshalAttributes(f.Data)
+					if err != nil {
+						t.Fatal(err)
+					}
+					keys = append(keys, v[0].Data)
+				}
+			}
+		}
+	}
+	return keys
+}
+
+func TestApplyMessages(t *testing.T) {
+	small := &Ruleset{Family: IPv4, Table: "t",
+		Sets: []*Set{{Name: "service-ips", Key: vipType, Data: []DataType{TypeVerdict}, Elements: []Element{
+			{Key: nlKey("10.96.0.1", 6, 80), Verdict: nlGoto("svc")},
+			{Key: nlKey("10.96.0.2", 6, 80), Verdict: nlGoto("svc")},
+		}}},
+		Chains: []*Chain{
+			nlBase("pre", TypeNAT, HookPrerouting, -100, nlRule(VerdictMap{Key: svcKey, Map: "service-ips"})),
+			{Name: "svc", Rules: []Rule{nlRule(NumgenGoto{Chains: []string{"ep1", "ep2"}})}},
+			{Name: "ep1", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("10.244.0.1"), Port: 80})}},
+			{Name: "ep2", Rules: []Rule{{Exprs: []Expr{DNAT{Proto: 6, Addr: ip("10.244.0.2"), Port: 80}}, Comment: "default/web:http"}}},
+		},
+	}
+	tests := []struct {
+		name      string
+		rs        *Ruleset
+		want      []string
+		wantStats Stats
+	}{
+		{
+			name:      "empty table",
+			rs:        &Ruleset{Family: IPv6, Table: "t"},
+			want:      []string{"BEGIN", "NEWTABLE", "DELTABLE", "NEWTABLE", "END"},
+			wantStats: Stats{Messages: 5},
+		},
+		{
+			name: "sets, then chains, then elements, then rules with their anonymous maps",
+			rs:   small,
+			want: []string{"BEGIN", "NEWTABLE", "DELTABLE", "NEWTABLE",
+				"NEWSET",
+				"NEWCHAIN", "NEWCHAIN", "NEWCHAIN", "NEWCHAIN",
+				"NEWSETELEM",
+				"NEWRULE",
+				"NEWSET", "NEWSETELEM", "NEWRULE",
+				"NEWRULE", "NEWRULE",
+				"END"},
+			wantStats: Stats{Messages: 17, Elements: 4, Rules: 4, Chains: 4, Sets: 1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, conn := newRecorder(t)
+			stats, err := Apply(conn, tt.rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch := r.lastBatch()
+			if d := gocmp.Diff(tt.want, msgTypes(batch)); d != "" {
+				t.Errorf("messages (-want +got):\n%s", d)
+			}
+			if stats != tt.wantStats {
+				t.Errorf("stats = %+v, want %+v", stats, tt.wantStats)
+			}
+			if stats.Messages != len(batch) {
+				t.Errorf("Stats.Messages = %d, batch has %d", stats.Messages, len(batch))
+			}
+		})
+	}
+}
+
+func TestApplyChangesSmallBatch(t *testing.T) {
+	endpoints := &Set{Name: "endpoints", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}}
+	services := &Set{Name: "service-nodeports", Key: []DataType{TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}}
+	tests := []struct {
+		name     string
+		changes  Changes
+		want     []string
+		wantKeys [][]byte // keys of the element messages, in order
+	}{
+		{
+			name: "one endpoint changes its address",
+			changes: Changes{
+				DelElements: []SetElements{{Set: "endpoints", Elements: []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.1")), N(80)}}}}},
+				AddElements: []SetElements{{Set: "endpoints", Elements: []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.9")), N(80)}}}}},
+			},
+			want: []string{"BEGIN", "DELSETELEM", "NEWSETELEM", "END"},
+			wantKeys: [][]byte{
+				{10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0},
+				{10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0},
+			},
+		},
+		{
+			name: "a node port appears",
+			changes: Changes{
+				AddElements: []SetElements{{Set: "service-nodeports", Elements: []Element{{Key: []Value{N(17), N(30053)}, Verdict: nlGoto("svc")}}}},
+			},
+			want:     []string{"BEGIN", "NEWSETELEM", "END"},
+			wantKeys: [][]byte{{17, 0, 0, 0, 0x75, 0x65, 0, 0}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, conn := newRecorder(t, endpoints, services)
+			stats, err := ApplyChanges(conn, IPv4, "t", &tt.changes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch := r.lastBatch()
+			if len(batch) > 6 {
+				t.Errorf("batch has %d messages, want at most 6", len(batch))
+			}
+			if d := gocmp.Diff(tt.want, msgTypes(batch)); d != "" {
+				t.Errorf("messages (-want +got):\n%s", d)
+			}
+			var keys [][]byte
+			for _, m := range batch {
+				keys = append(keys, elementKeys(t, m)...)
+			}
+			if d := gocmp.Diff(tt.wantKeys, keys); d != "" {
+				t.Errorf("element keys (-want +got):\n%s", d)
+			}
+			if stats.Messages != len(batch) {
+				t.Errorf("Stats.Messages = %d, batch has %d", stats.Messages, len(batch))
+			}
+		})
+	}
+}
+
+func TestApplyChangesOrder(t *testing.T) {
+	endpoints := &Set{Name: "endpoints", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}}
+	newMap := &Set{Name: "new-map", Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict},
+		Elements: []Element{{Key: []Value{N(80)}, Verdict: nlGoto("new-chain")}}}
+	el := []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.1")), N(80)}}}
+	c := Changes{
+		AddSets:       []*Set{newMap},
+		AddChains:     []*Chain{{Name: "new-chain"}},
+		DelElements:   []SetElements{{Set: "endpoints", Elements: el}},
+		RewriteChains: []*Chain{{Name: "new-chain", Rules: []Rule{nlRule(Verdict{Kind: Accept})}}},
+		AddElements:   []SetElements{{Set: "endpoints", Elements: el}},
+		DelChains:     []string{"old-a", "old-b"},
+		DelSets:       []string{"old-set"},
+	}
+	r, conn := newRecorder(t, endpoints)
+	stats, err := ApplyChanges(conn, IPv4, "t", &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"BEGIN",
+		"NEWSET",             // add sets (their elements come later)
+		"NEWCHAIN",           // add chains
+		"DELSETELEM",         // delete elements
+		"DELRULE", "NEWRULE", // rewrite chains
+		"DELRULE", "DELRULE", // empty the chains about to go
+		"NEWSETELEM",           // new sets' elements, which name new chains
+		"NEWSETELEM",           // add elements
+		"DELSET",               // delete sets
+		"DELCHAIN", "DELCHAIN", // delete chains
+		"END"}
+	if d := gocmp.Diff(want, msgTypes(r.lastBatch())); d != "" {
+		t.Errorf("messages (-want +got):\n%s", d)
+	}
+	wantStats := Stats{Messages: len(want), Elements: 3, Rules: 1, Chains: 6, Sets: 2}
+	if stats != wantStats {
+		t.Errorf("stats = %+v, want %+v", stats, wantStats)
+	}
+}
+
+func TestApplySplitsLargeSets(t *testing.T) {
+	const n = 5000
+	r, conn := newRecorder(t)
+	stats, err := Apply(conn, bigSetRuleset(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := r.lastBatch()
+	var elems, elemMsgs int
+	for i, m := range batch {
+		if size := len(m.Data) + 16; size > 64<<10 {
+			t.Errorf("message %d (%s) is %d bytes", i, msgType(m), size)
+		}
+		if msgType(m) == "NEWSETELEM" {
+			elemMsgs++
+			k := len(elementKeys(t, m))
+			if k > maxChunkElements {
+				t.Errorf("message %d carries %d elements", i, k)
+			}
+			elems += k
+		}
+	}
+	if elems != n || stats.Elements != n {
+		t.Errorf("elements sent %d, Stats.Elements %d, want %d", elems, stats.Elements, n)
+	}
+	if elemMsgs < n/maxChunkElements {
+		t.Errorf("%d element messages, want at least %d", elemMsgs, n/maxChunkElements)
+	}
+	if stats.Messages != len(batch) {
+		t.Errorf("Stats.Messages = %d, batch has %d", stats.Messages, len(batch))
+	}
+}
+
+// A ruleset the applier can't translate is refused before anything is
+// queued, so the Conn's next batch is clean.
+func TestApplyRefusesBadModelWithoutQueueing(t *testing.T) {
+	longComment := string(make([]byte, maxCommentLen+1))
+	tests := []struct {
+		name string
+		rs   *Ruleset
+	}{
+		{"IPv6 address in an IPv4 table", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
+			{Name: "c", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("fd00::1"), Port: 80})}}}}},
+		{"IPv4 prefix in an IPv6 table", &Ruleset{Family: IPv6, Table: "t", Chains: []*Chain{
+			{Name: "c", Rules: []Rule{nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.0.0.0/8")})}}}}},
+		{"numgen without chains", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
+			{Name: "c", Rules: []Rule{nlRule(NumgenGoto{})}}}}},
+		{"comment too long", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
+			{Name: "c", Rules: []Rule{{Exprs: []Expr{Verdict{Kind: Accept}}, Comment: longComment}}}}}},
+		{"element with a short key", &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
+			{Name: "s", Key: vipType, Elements: []Element{{Key: []Value{A(ip("10.0.0.1"))}}}}}}},
+		{"verdict map element without verdict", &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
+			{Name: "s", Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict}, Elements: []Element{{Key: []Value{N(80)}}}}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, conn := newRecorder(t)
+			if _, err := Apply(conn, tt.rs); err == nil {
+				t.Fatal("Apply succeeded")
+			} else {
+				t.Log(err)
+			}
+			if len(r.batches) != 0 {
+				t.Fatalf("a batch was sent: %v", msgTypes(r.lastBatch()))
+			}
+			if err := Delete(conn, IPv4, "t"); err != nil {
+				t.Fatal(err)
+			}
+			if d := gocmp.Diff([]string{"BEGIN", "NEWTABLE", "DELTABLE", "END"}, msgTypes(r.lastBatch())); d != "" {
+				t.Errorf("next batch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestReg(t *testing.T) {
+	// nft's register names for concatenation parts, as --debug=netlink prints them.
+	for _, tt := range []struct{ offset, want uint32 }{
+		{0, 1}, {1, 9}, {2, 10}, {3, 11}, {4, 2}, {5, 13}, {8, 3},
+	} {
+		if got := reg(tt.offset); got != tt.want {
+			t.Errorf("reg(%d) = %d, want %d", tt.offset, got, tt.want)
+		}
+	}
+}
+
+func TestModelTypeListInvertsLibTypes(t *testing.T) {
+	for _, ts := range [][]DataType{
+		{TypeIPv4Addr}, {TypeIPv6Addr}, {TypeInetProto}, {TypeInetService},
+		vipType, vip6Type, {TypeIPv4Addr, TypeInetService}, {TypeIPv6Addr, TypeIPv6Addr},
+	} {
+		lt, err := libTypes(ts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := modelTypeList(lt.GetNFTMagic())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, ts) {
+			t.Errorf("modelTypeList(libTypes(%v)) = %v", ts, got)
+		}
+	}
+}
+
+// elementSize must be what google/nftables really encodes, or Stats would
+// miscount the messages of anonymous maps, which the library splits itself.
+func TestElementSizeMatchesLibrary(t *testing.T) {
+	set := &nftables.Set{Table: &nftables.Table{Name: "t"}, Name: "s", IsMap: true}
+	for _, el := range []nftables.SetElement{
+		{Key: []byte{1, 2, 3, 4}},
+		{Key: []byte{1, 2, 3}, Comment: "a comment"},
+		{Key: make([]byte, 12), Val: make([]byte, 8), Comment: "x"},
+		{Key: make([]byte, 4), VerdictData: verdictExpr(Verdict{Kind: Goto, Chain: "some-chain"})},
+		{Key: make([]byte, 4), VerdictData: verdictExpr(Verdict{Kind: Drop})},
+	} {
+		r, conn := newRecorder(t)
+		if err := conn.SetAddElements(set, []nftables.SetElement{el}); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		m := r.lastBatch()[1]
+		attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range attrs {
+			if a.Type&^unix.NLA_F_NESTED == unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				if got := elementSize(&el); got != len(a.Data) {
+					t.Errorf("elementSize(%+v) = %d, library encodes %d", el, got, len(a.Data))
+				}
+			}
+		}
+	}
+}
