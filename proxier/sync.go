@@ -156,7 +156,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", full), zap.Duration("took", elapsed),
 		zap.Int("services", len(snap.Services)), zap.Int("serviceChanges", svcChanges), zap.Int("endpointChanges", epChanges))
-	if p.opts.Flows != nil && p.prev != nil {
+	if p.opts.Flows != nil {
 		p.cleanFlows(ctx, snap)
 	}
 	p.prev = snap
