@@ -1,6 +1,7 @@
 package nftmodel
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -238,5 +239,42 @@ func TestDelete(t *testing.T) {
 	}
 	if strings.TrimSpace(out) != "" {
 		t.Errorf("tables left after Delete: %q", out)
+	}
+}
+
+// TestApplyLargeBatch sends a batch of about 15 MB (100,000 elements with
+// comments and 20,000 rules, each echoed back by the kernel), far past the
+// default socket buffers, and checks everything arrived.
+func TestApplyLargeBatch(t *testing.T) {
+	_, conn := nftNS(t)
+	const elements, rules = 100000, 20000
+	rs := bigSetRuleset(elements)
+	c := &Chain{Name: "many-rules"}
+	for i := range rules {
+		addr := ip(fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255))
+		c.Rules = append(c.Rules, Rule{Exprs: []Expr{DNAT{Proto: 6, Addr: addr, Port: 8080}}, Comment: fmt.Sprintf("namespace-%d/service-%d:http", i, i)})
+	}
+	rs.Chains = append(rs.Chains, c)
+	stats, err := Apply(conn, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Elements != elements || stats.Rules != rules {
+		t.Errorf("stats = %+v", stats)
+	}
+	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
+	got, err := conn.GetSetElements(&nftables.Set{Table: table, Name: "endpoints"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != elements {
+		t.Errorf("kernel holds %d elements, want %d", len(got), elements)
+	}
+	kernelRules, err := conn.GetRules(table, &nftables.Chain{Name: c.Name, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kernelRules) != rules {
+		t.Errorf("kernel holds %d rules, want %d", len(kernelRules), rules)
 	}
 }

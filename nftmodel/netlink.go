@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Stats counts what one batch carried.
@@ -21,19 +19,14 @@ type Stats struct {
 // the kernel would take longer ones, but then the text could not be loaded.
 const maxCommentLen = 128
 
-// socketBuffer is the send and receive buffer Dial forces on its socket. A
-// full ruleset goes out in one sendmsg, and the kernel echoes every added rule
-// back before we read anything, so both directions must hold a whole batch.
-// These are limits, not allocations.
-const socketBuffer = 128 << 20
-
 // Dial opens a lasting nftables connection in the network namespace netnsFd
-// (0 for the caller's own), with socket buffers large enough for a full
-// ruleset. Close it with CloseLasting. The applier works with any *Conn, but
-// only one made like this survives big batches and lets a kernel error name
-// the object it refused.
+// (0 for the caller's own); close it with CloseLasting. The applier works
+// with any *Conn, but only on a lasting one can a kernel error name the
+// object it refused (see locate). Socket buffers are left to google/nftables,
+// which sizes them for each batch before sending it (forcing past
+// rmem_max/wmem_max when we are root).
 func Dial(netnsFd int) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(bigBuffers)}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
 	if netnsFd != 0 {
 		opts = append(opts, nftables.WithNetNSFd(netnsFd))
 	}
@@ -42,30 +35,6 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 		return nil, fmt.Errorf("dial nftables: %w", err)
 	}
 	return c, nil
-}
-
-// bigBuffers forces socketBuffer on both directions when we may (root), and
-// otherwise asks for it and gets what rmem_max and wmem_max allow.
-func bigBuffers(c *netlink.Conn) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("get netlink socket: %w", err)
-	}
-	var serr error
-	cerr := rc.Control(func(fd uintptr) {
-		for _, o := range [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBuffer) == nil {
-				continue
-			}
-			if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBuffer); err != nil {
-				serr = fmt.Errorf("set netlink socket buffer: %w", err)
-			}
-		}
-	})
-	if cerr != nil {
-		return fmt.Errorf("control netlink socket: %w", cerr)
-	}
-	return serr
 }
 
 // Apply replaces the whole table with rs in one batch: the table is added

@@ -173,8 +173,8 @@ func bigSetRuleset(n int) *Ruleset {
 	}
 	for i := range n {
 		rs.Sets[0].Elements = append(rs.Sets[0].Elements, Element{
-			Key:     nlKey(fmt.Sprintf("10.96.%d.%d", i/256, i%256), 6, 80),
-			Data:    []Value{A(ip(fmt.Sprintf("10.244.%d.%d", i/256, i%256))), N(8080)},
+			Key:     nlKey(fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&255, i&255), 6, 80),
+			Data:    []Value{A(ip(fmt.Sprintf("10.%d.%d.%d", 160+i>>16, i>>8&255, i&255))), N(8080)},
 			Comment: fmt.Sprintf("some-namespace/some-service-%d:http", i),
 		})
 	}
