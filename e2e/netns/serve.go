@@ -32,8 +32,13 @@ func (p *Pod) ServeName(proto string, port int) (stop func(), err error) {
 // families. proto is "tcp" or "udp" (any case, so Kubernetes' "TCP" works).
 // TCP: each connection gets name + "\n", then every line it sends is echoed
 // back until it closes, so long-lived connections can be tested. UDP: each
-// datagram is answered with name + "\n". stop closes the socket and every
+// datagram is answered with name + "\n". A TCP line PeerQuery is answered
+// with the client's address instead of being echoed. stop closes the socket and every
 // open connection and waits for the goroutines; calling it twice is safe.
+// PeerQuery is the line a TCP name server answers with the client's address
+// as it sees it (ip:port), so tests can tell preserved from masqueraded sources.
+const PeerQuery = "peer?"
+
 func (n *NS) ServeName(name, proto string, port int) (stop func(), err error) {
 	addr := fmt.Sprintf(":%d", port)
 	switch strings.ToLower(proto) {
@@ -87,7 +92,11 @@ func serveTCP(l net.Listener, name string) func() {
 				}
 				sc := bufio.NewScanner(c)
 				for sc.Scan() {
-					if _, err := fmt.Fprintf(c, "%s\n", sc.Text()); err != nil {
+					line := sc.Text()
+					if line == PeerQuery {
+						line = c.RemoteAddr().String()
+					}
+					if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
 						return
 					}
 				}
