@@ -28,6 +28,10 @@ func (p *Pod) ServeName(proto string, port int) (stop func(), err error) {
 	return stop, nil
 }
 
+// PeerQuery is the line a TCP name server answers with the client's address
+// as it sees it (ip:port), so tests can tell preserved from masqueraded sources.
+const PeerQuery = "peer?"
+
 // ServeName runs a server in the namespace on port of every address of both
 // families. proto is "tcp" or "udp" (any case, so Kubernetes' "TCP" works).
 // TCP: each connection gets name + "\n", then every line it sends is echoed
@@ -35,10 +39,6 @@ func (p *Pod) ServeName(proto string, port int) (stop func(), err error) {
 // datagram is answered with name + "\n". A TCP line PeerQuery is answered
 // with the client's address instead of being echoed. stop closes the socket and every
 // open connection and waits for the goroutines; calling it twice is safe.
-// PeerQuery is the line a TCP name server answers with the client's address
-// as it sees it (ip:port), so tests can tell preserved from masqueraded sources.
-const PeerQuery = "peer?"
-
 func (n *NS) ServeName(name, proto string, port int) (stop func(), err error) {
 	addr := fmt.Sprintf(":%d", port)
 	switch strings.ToLower(proto) {
