@@ -68,12 +68,12 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 }
 
 // elementsPerLine is how many elements nft 1.0.6 prints on one line: it
-// depends on the key's size (measured: ports 5, IPv4 addresses 2, wider keys
-// and concatenations 1).
+// depends on the key's size (measured: ports and protocols 5, IPv4
+// addresses 2, wider keys and concatenations 1).
 func elementsPerLine(key []DataType) int {
 	if len(key) == 1 {
 		switch key[0] {
-		case TypeInetService:
+		case TypeInetService, TypeInetProto:
 			return 5
 		case TypeIPv4Addr:
 			return 2
