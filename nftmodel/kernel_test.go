@@ -242,12 +242,12 @@ func TestDelete(t *testing.T) {
 	}
 }
 
-// TestApplyLargeBatch sends a batch of about 15 MB (100,000 elements with
-// comments and 20,000 rules, each echoed back by the kernel), far past the
+// TestApplyLargeBatch sends a batch of about 8 MB (60,000 elements with
+// comments and 10,000 rules, each echoed back by the kernel), far past the
 // default socket buffers, and checks everything arrived.
 func TestApplyLargeBatch(t *testing.T) {
 	_, conn := nftNS(t)
-	const elements, rules = 100000, 20000
+	const elements, rules = 60000, 10000
 	rs := bigSetRuleset(elements)
 	c := &Chain{Name: "many-rules"}
 	for i := range rules {

@@ -55,11 +55,17 @@ func fullRuleset() *Ruleset {
 			{Name: "nodeport-ips", Key: []DataType{TypeIPv4Addr}, Elements: []Element{
 				{Key: []Value{A(ip("192.168.1.10"))}},
 				{Key: []Value{A(ip("10.0.0.5"))}, Comment: "node"},
+				{Key: []Value{A(ip("10.0.0.6"))}},
+				{Key: []Value{A(ip("10.0.0.7"))}},
+			}},
+			{Name: "ports", Key: []DataType{TypeInetService}, Elements: []Element{
+				{Key: []Value{N(1)}}, {Key: []Value{N(2)}}, {Key: []Value{N(3)}}, {Key: []Value{N(4)}},
+				{Key: []Value{N(5)}, Comment: "five"}, {Key: []Value{N(6)}}, {Key: []Value{N(7)}},
 			}},
 			{Name: "port-verdicts", Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict}, Elements: []Element{
 				{Key: []Value{N(22)}, Verdict: &Verdict{Kind: Accept}},
 			}},
-			{Name: "protos", Key: []DataType{TypeInetProto}, Elements: []Element{{Key: []Value{N(6)}}}},
+			{Name: "protos", Key: []DataType{TypeInetProto}, Elements: []Element{{Key: []Value{N(6)}}, {Key: []Value{N(17)}}, {Key: []Value{N(132)}}}},
 			{Name: "affinity", Key: []DataType{TypeIPv4Addr}, Timeout: 3 * time.Hour},
 			{Name: "affinity-ports", Key: []DataType{TypeIPv4Addr, TypeInetService}, Timeout: 10800 * time.Second},
 			{Name: "empty-map", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}},
