@@ -76,7 +76,8 @@ func fullRuleset() *Ruleset {
 			nlBase("nat-postrouting", TypeNAT, HookPostrouting, 100, nlRule(nlJump("masquerading"))),
 			nlBase("filter-prerouting-pre-dnat", TypeFilter, HookPrerouting, -110,
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.240.0.0/12")}, MatchPrefix{Field: FieldDaddr, Prefix: pfx("10.96.0.10/32")}, Verdict{Kind: Drop})),
-			nlBase("filter-output-pre-dnat", TypeFilter, HookOutput, -110),
+			nlBase("filter-output-pre-dnat", TypeFilter, HookOutput, -110,
+				nlRule(MatchPrefix{Field: FieldDaddr, Prefix: pfx("0.0.0.0/0")}, MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.0.0.0/8"), Negate: true}, Verdict{Kind: Accept})),
 			nlBase("filter-input", TypeFilter, HookInput, 0,
 				nlRule(MatchCtStateInvalid{}, Verdict{Kind: Drop})),
 			nlBase("filter-forward", TypeFilter, HookForward, 0,
@@ -106,6 +107,7 @@ func fullRuleset() *Ruleset {
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.244.0.0/20"), Negate: true}, nlJump("mark-for-masquerade")),
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.2.0.0/15")}, Verdict{Kind: Goto, Chain: "ep-dns"}),
 				nlRule(NumgenGoto{Chains: []string{"ep-dns"}}),
+				nlRule(NumgenGoto{Chains: []string{"ep-dns", "ep-dns", "ep-dns", "ep-dns", "ep-dns", "ep-dns", "ep-dns"}}),
 			}},
 			{Name: "ep-web-1", Rules: []Rule{
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.244.1.2/32")}, nlJump("mark-for-masquerade")),
