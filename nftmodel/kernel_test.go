@@ -158,9 +158,8 @@ func orderLike[T any](old, now []T, name func(T) string) []T {
 // and chains are moved to the end (see kernelOrder).
 func TestApplyChanges(t *testing.T) {
 	tests := []struct {
-		name      string
-		from, to  *Ruleset
-		wantStats Stats
+		name     string
+		from, to *Ruleset
 	}{
 		{name: "every kind of change", from: fullRuleset(), to: changedRuleset()},
 		{name: "and back", from: changedRuleset(), to: fullRuleset()},
