@@ -1,5 +1,7 @@
 package nftmodel
 
+import "time"
+
 // Changes is what turns an applied ruleset into a desired one. The applier
 // sends it as one batch in this order, so every reference is valid at each
 // step: add sets, add chains, delete elements, rewrite chains (flush, then add
@@ -16,9 +18,13 @@ type Changes struct {
 	DelSets       []string
 }
 
-// SetElements names elements of one set.
+// SetElements names elements of one set, with the set's types so the
+// applier needn't ask the kernel for them.
 type SetElements struct {
 	Set      string
+	Key      []DataType
+	Data     []DataType
+	Timeout  time.Duration
 	Elements []Element
 }
 

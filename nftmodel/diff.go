@@ -36,10 +36,10 @@ func diffSets(c *Changes, applied, desired *Ruleset) bool {
 		}
 		del, add := diffElements(o, s)
 		if len(del) > 0 {
-			c.DelElements = append(c.DelElements, SetElements{Set: s.Name, Elements: del})
+			c.DelElements = append(c.DelElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Elements: del})
 		}
 		if len(add) > 0 {
-			c.AddElements = append(c.AddElements, SetElements{Set: s.Name, Elements: add})
+			c.AddElements = append(c.AddElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Elements: add})
 		}
 	}
 	for _, s := range applied.Sets {

@@ -2,6 +2,7 @@ package nftmodel
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -111,10 +112,21 @@ func TestDiff(t *testing.T) {
 			if !ok {
 				t.Fatal("Diff reported the change as not incremental")
 			}
-			if diff := gocmp.Diff(tt.want, got, cmpopts.EquateEmpty(), gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			// Set types are checked once below, not in every case.
+			ignoreTypes := cmpopts.IgnoreFields(SetElements{}, "Key", "Data", "Timeout")
+			if diff := gocmp.Diff(tt.want, got, cmpopts.EquateEmpty(), ignoreTypes, gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 				t.Errorf("Diff (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestDiffCarriesSetTypes(t *testing.T) {
+	desired := testRuleset(func(rs *Ruleset) { rs.Sets[1].Elements = rs.Sets[1].Elements[:1] })
+	got, _ := Diff(testRuleset(), desired)
+	if len(got.DelElements) != 1 || !slices.Equal(got.DelElements[0].Key, desired.Sets[1].Key) ||
+		!slices.Equal(got.DelElements[0].Data, desired.Sets[1].Data) {
+		t.Errorf("DelElements = %+v, want the types of set endpoint-0", got.DelElements)
 	}
 }
 

@@ -173,11 +173,16 @@ func (b *batch) addRules(c *Chain) error {
 }
 
 // learnSets makes sure the batch knows the types of every set whose elements
-// c adds or deletes, asking the kernel about those c does not add.
+// c adds or deletes: from c when it says (Diff does), else from the kernel.
 func (b *batch) learnSets(c *Changes) error {
 	for _, list := range [][]SetElements{c.DelElements, c.AddElements} {
 		for _, se := range list {
 			if _, ok := b.types[se.Set]; ok {
+				continue
+			}
+			if se.Key != nil {
+				b.sets[se.Set] = &nftables.Set{Table: b.table, Name: se.Set, HasTimeout: se.Timeout > 0}
+				b.types[se.Set] = &Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout}
 				continue
 			}
 			ls, err := b.conn.GetSetByName(b.table, se.Set)
