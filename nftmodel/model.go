@@ -116,6 +116,10 @@ type MatchMark struct {
 // MatchFibDaddrLocal matches packets whose destination is a local address.
 type MatchFibDaddrLocal struct{}
 
+// MatchFibSaddrLocal matches packets whose source is a local address: the
+// node's own traffic.
+type MatchFibSaddrLocal struct{}
+
 // MatchCtStateInvalid matches packets conntrack considers invalid.
 type MatchCtStateInvalid struct{}
 
@@ -138,6 +142,13 @@ type VerdictMap struct {
 // NumgenGoto picks one of Chains at random with equal probability
 // (numgen random mod len(Chains)) and goes to it.
 type NumgenGoto struct{ Chains []string }
+
+// UpdateSet adds the concatenation of Key to a dynamic set with timeouts, or
+// refreshes its timeout (session affinity).
+type UpdateSet struct {
+	Key []Field
+	Set string
+}
 
 // MarkOr sets bits in the packet mark.
 type MarkOr struct{ Bits uint32 }
@@ -187,6 +198,8 @@ func (MatchPrefix) isExpr()         {}
 func (MatchL4Proto) isExpr()        {}
 func (MatchMark) isExpr()           {}
 func (MatchFibDaddrLocal) isExpr()  {}
+func (MatchFibSaddrLocal) isExpr()  {}
+func (UpdateSet) isExpr()           {}
 func (MatchCtStateInvalid) isExpr() {}
 func (MatchCtStatusDNAT) isExpr()   {}
 func (MatchSet) isExpr()            {}

@@ -207,6 +207,13 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 			out = append(out,
 				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
+		case MatchFibSaddrLocal:
+			out = append(out,
+				&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
+		case UpdateSet:
+			out = append(out, loadKey(f, e.Key)...)
+			out = append(out, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE})
 		case MatchCtStateInvalid:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
 			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)

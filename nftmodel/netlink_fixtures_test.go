@@ -113,7 +113,11 @@ func fullRuleset() *Ruleset {
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.244.1.2/32")}, nlJump("mark-for-masquerade")),
 				{Exprs: []Expr{DNAT{Proto: 6, Addr: ip("10.244.1.2"), Port: 8080}}, Comment: "default/web:http"},
 			}},
-			{Name: "ep-web-2", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("10.244.1.3"), Port: 8080})}},
+			{Name: "ep-web-2", Rules: []Rule{
+				nlRule(UpdateSet{Key: []Field{FieldSaddr}, Set: "affinity"}),
+				nlRule(MatchFibSaddrLocal{}, nlJump("mark-for-masquerade")),
+				nlRule(DNAT{Proto: 6, Addr: ip("10.244.1.3"), Port: 8080}),
+			}},
 			{Name: "ep-web-3", Rules: []Rule{nlRule(DNAT{Proto: 132, Addr: ip("10.244.1.4"), Port: 1})}},
 			{Name: "ep-dns", Rules: []Rule{
 				nlRule(DNATMap{Key: svcKey, Map: "endpoints"}),
@@ -168,7 +172,11 @@ func full6Ruleset() *Ruleset {
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("fd00:1:2:3:4::/66")}, MatchSet{Key: []Field{FieldSaddr}, Set: "affinity"}, nlJump("ep-web-1")),
 				{Exprs: []Expr{NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}}}, Comment: "default/web:http"},
 			}},
-			{Name: "ep-web-1", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("fd00:244::2"), Port: 8080})}},
+			{Name: "ep-web-1", Rules: []Rule{
+				nlRule(UpdateSet{Key: []Field{FieldSaddr}, Set: "affinity"}),
+				nlRule(MatchFibSaddrLocal{}, MarkOr{Bits: 0x4000}),
+				nlRule(DNAT{Proto: 6, Addr: ip("fd00:244::2"), Port: 8080}),
+			}},
 			{Name: "ep-web-2", Rules: []Rule{nlRule(DNATMap{Key: svcKey, Map: "endpoints"})}},
 		},
 	}

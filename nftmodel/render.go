@@ -257,6 +257,10 @@ func renderExpr(f Family, e Expr) string {
 		return fmt.Sprintf("meta mark & 0x%08x %s 0x00000000", e.Mask, op)
 	case MatchFibDaddrLocal:
 		return "fib daddr type local"
+	case MatchFibSaddrLocal:
+		return "fib saddr type local"
+	case UpdateSet:
+		return fmt.Sprintf("update @%s { %s }", e.Set, fieldsName(f, e.Key))
 	case MatchCtStateInvalid:
 		return "ct state invalid"
 	case MatchCtStatusDNAT:

@@ -449,6 +449,12 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			if !t.isLocal(w.dst) {
 				return action{kind: actNoMatch}
 			}
+		case MatchFibSaddrLocal:
+			if !t.isLocal(w.src) {
+				return action{kind: actNoMatch}
+			}
+		case UpdateSet:
+			// Affinity state is not modelled: a new client is in no set.
 		case MatchCtStateInvalid:
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}
