@@ -19,6 +19,12 @@ type Config struct {
 	// NodePortAddresses limits NodePorts to local addresses in these
 	// prefixes; empty means every local address but loopback.
 	NodePortAddresses []netip.Prefix
+	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 too, as
+	// kube-proxy's iptables mode does (the daemon sets route_localnet).
+	LocalhostNodePorts bool
+	// ServiceCIDRs are the ranges ClusterIPs come from: traffic to an
+	// address in them that no service has is dropped.
+	ServiceCIDRs []netip.Prefix
 }
 
 func (c Config) inFamily(p netip.Prefix) bool { return p.Addr().Is4() == (c.Family == m.IPv4) }
@@ -37,7 +43,7 @@ var (
 // Compile builds the ruleset of one family from a snapshot. It is pure and
 // deterministic: the same input gives the same ruleset, sorted.
 func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
-	c := newCompiler(cfg)
+	c := newCompiler(cfg, snap.Node)
 	for i := range snap.Services {
 		c.addService(&snap.Services[i])
 	}
@@ -46,6 +52,7 @@ func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
 
 type compiler struct {
 	cfg     Config
+	node    k8s.Node
 	addrT   m.DataType
 	vipT    []m.DataType
 	targetT []m.DataType
@@ -56,73 +63,111 @@ type compiler struct {
 	hairpin                            map[netip.Addr]bool
 	slots, nodePortSlots               [][]m.Element // per slot index
 	clusterN, externalN, nodePortN     map[int]bool  // endpoint counts in use
+	clusterIPs                         map[netip.Addr]bool
+	firewallIPs                        []m.Element
+	ownSets                            []*m.Set   // affinity sets
+	ownChains                          []*m.Chain // per-service chains, in service order
 }
 
-func newCompiler(cfg Config) *compiler {
+func newCompiler(cfg Config, node k8s.Node) *compiler {
 	addrT := m.TypeIPv4Addr
 	if cfg.Family == m.IPv6 {
 		addrT = m.TypeIPv6Addr
 	}
 	return &compiler{
-		cfg:       cfg,
-		addrT:     addrT,
-		vipT:      []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
-		targetT:   []m.DataType{addrT, m.TypeInetService},
-		npT:       []m.DataType{m.TypeInetProto, m.TypeInetService},
-		hairpin:   map[netip.Addr]bool{},
-		clusterN:  map[int]bool{},
-		externalN: map[int]bool{},
-		nodePortN: map[int]bool{},
+		cfg:        cfg,
+		node:       node,
+		clusterIPs: map[netip.Addr]bool{},
+		addrT:      addrT,
+		vipT:       []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
+		targetT:    []m.DataType{addrT, m.TypeInetService},
+		npT:        []m.DataType{m.TypeInetProto, m.TypeInetService},
+		hairpin:    map[netip.Addr]bool{},
+		clusterN:   map[int]bool{},
+		externalN:  map[int]bool{},
+		nodePortN:  map[int]bool{},
 	}
 }
 
 func (c *compiler) addService(sp *k8s.ServicePort) {
-	eps := c.usableEndpoints(sp.Endpoints)
+	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
+	internal := choice.internal(sp)
+	for _, e := range slices.Concat(choice.cluster, choice.local) {
+		c.hairpin[e.Addr] = true
+	}
 	proto := m.N(uint32(sp.Name.Protocol.Number()))
 	port := m.N(uint32(sp.Port))
 	comment := sp.Name.String()
-	for _, e := range eps {
-		c.hairpin[e.Addr] = true
+	// Affinity and eTP=Local need chains of their own; everything else
+	// shares the dispatch chains and slot maps.
+	var own *serviceChains
+	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
+		own = c.serviceChains(sp, choice)
+	}
+	noEndpoints := func(set *[]m.Element, key []m.Value, drop bool) {
+		v := rejectVerdict
+		if drop {
+			v = &m.Verdict{Kind: m.Drop}
+		}
+		*set = append(*set, m.Element{Key: key, Comment: comment, Verdict: v})
+	}
+	dispatch := func(set *[]m.Element, key []m.Value, chain string) {
+		*set = append(*set, m.Element{Key: key, Comment: comment, Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}})
+	}
+	fillSlots := func(slots *[][]m.Element, key []m.Value, eps []k8s.Endpoint) {
+		for i, e := range eps {
+			c.slot(slots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
+		}
 	}
 
-	addVIP := func(vip netip.Addr, chain string) {
-		key := []m.Value{m.A(vip), proto, port}
-		if len(eps) == 0 {
-			c.noEndpointIPs = append(c.noEndpointIPs, m.Element{Key: key, Comment: comment, Verdict: rejectVerdict})
-			return
+	for _, ip := range sp.ClusterIPs {
+		if !c.cfg.addrInFamily(ip) {
+			continue
 		}
-		c.serviceIPs = append(c.serviceIPs, m.Element{Key: key, Comment: comment,
-			Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}})
-		for i, e := range eps {
-			c.slot(&c.slots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
+		c.clusterIPs[ip] = true
+		key := []m.Value{m.A(ip), proto, port}
+		switch {
+		case len(internal) == 0:
+			// iTP=Local without local endpoints drops, like kube-proxy;
+			// no endpoints at all rejects.
+			noEndpoints(&c.noEndpointIPs, key, sp.InternalPolicyLocal && len(choice.cluster) > 0)
+		case sp.AffinityTimeout > 0:
+			dispatch(&c.serviceIPs, key, own.internal)
+		default:
+			dispatch(&c.serviceIPs, key, clusterIPChain(len(internal)))
+			c.clusterN[len(internal)] = true
+			fillSlots(&c.slots, key, internal)
 		}
 	}
-	for _, ip := range sp.ClusterIPs {
-		if c.cfg.addrInFamily(ip) {
-			addVIP(ip, clusterIPChain(len(eps)))
-			c.clusterN[len(eps)] = len(eps) > 0
+	// External traffic: eTP=Local keeps it on this node (own chains);
+	// otherwise it shares the chains that masquerade everything.
+	external := func(key []m.Value, dispatchSet, noEndpointSet *[]m.Element, slots *[][]m.Element, shared func(int) string, counts map[int]bool) {
+		switch {
+		case len(choice.cluster) == 0:
+			noEndpoints(noEndpointSet, key, false)
+		case own != nil:
+			dispatch(dispatchSet, key, own.external)
+		default:
+			dispatch(dispatchSet, key, shared(len(choice.cluster)))
+			counts[len(choice.cluster)] = true
+			fillSlots(slots, key, choice.cluster)
 		}
 	}
 	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
-		if c.cfg.addrInFamily(ip) {
-			addVIP(ip, externalChain(len(eps)))
-			c.externalN[len(eps)] = len(eps) > 0
+		if !c.cfg.addrInFamily(ip) {
+			continue
+		}
+		key := []m.Value{m.A(ip), proto, port}
+		external(key, &c.serviceIPs, &c.noEndpointIPs, &c.slots, externalChain, c.externalN)
+		if len(sp.LoadBalancerSourceRanges) > 0 && slices.Contains(sp.LoadBalancerIPs, ip) {
+			c.firewall(sp, key)
 		}
 	}
 	if sp.NodePort == 0 || !c.hasFamilyAddress(sp) {
 		return
 	}
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
-	if len(eps) == 0 {
-		c.noEndpointNodePorts = append(c.noEndpointNodePorts, m.Element{Key: key, Comment: comment, Verdict: rejectVerdict})
-		return
-	}
-	c.serviceNodePorts = append(c.serviceNodePorts, m.Element{Key: key, Comment: comment,
-		Verdict: &m.Verdict{Kind: m.Goto, Chain: nodePortChain(len(eps))}})
-	c.nodePortN[len(eps)] = true
-	for i, e := range eps {
-		c.slot(&c.nodePortSlots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
-	}
+	external(key, &c.serviceNodePorts, &c.noEndpointNodePorts, &c.nodePortSlots, nodePortChain, c.nodePortN)
 }
 
 // hasFamilyAddress tells whether the service has a ClusterIP of the compiled
@@ -138,41 +183,24 @@ func (c *compiler) slot(slots *[][]m.Element, i int, e m.Element) {
 	(*slots)[i] = append((*slots)[i], e)
 }
 
-// usableEndpoints picks the endpoints traffic may go to, like kube-proxy:
-// the ready ones; when none is ready, the serving ones that are terminating.
-func (c *compiler) usableEndpoints(all []k8s.Endpoint) []k8s.Endpoint {
-	var ready, terminating []k8s.Endpoint
-	for _, e := range all {
-		if !c.cfg.addrInFamily(e.Addr) {
-			continue
-		}
-		switch {
-		case e.Ready:
-			ready = append(ready, e)
-		case e.Serving && e.Terminating:
-			terminating = append(terminating, e)
-		}
-	}
-	if len(ready) > 0 {
-		return ready
-	}
-	return terminating
-}
-
 func (c *compiler) ruleset() *m.Ruleset {
 	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
 	rs.Sets = c.sets()
 	rs.Chains = append(c.baseChains(), c.fixedChains()...)
 	rs.Chains = append(rs.Chains, c.dispatchChains()...)
+	rs.Chains = append(rs.Chains, c.ownChains...)
 	return rs
 }
 
 func (c *compiler) sets() []*m.Set {
 	verdict := []m.DataType{m.TypeVerdict}
 	hairpinT := []m.DataType{c.addrT, c.addrT}
-	var hairpin []m.Element
+	var hairpin, clusterIPs []m.Element
 	for a := range c.hairpin {
 		hairpin = append(hairpin, m.Element{Key: []m.Value{m.A(a), m.A(a)}})
+	}
+	for a := range c.clusterIPs {
+		clusterIPs = append(clusterIPs, m.Element{Key: []m.Value{m.A(a)}})
 	}
 	sets := []*m.Set{
 		{Name: mapServiceIPs, Key: c.vipT, Data: verdict, Elements: c.serviceIPs},
@@ -180,6 +208,8 @@ func (c *compiler) sets() []*m.Set {
 		{Name: mapNoEndpointServices, Key: c.vipT, Data: verdict, Elements: c.noEndpointIPs},
 		{Name: mapNoEndpointNodePorts, Key: c.npT, Data: verdict, Elements: c.noEndpointNodePorts},
 		{Name: setHairpin, Key: hairpinT, Elements: hairpin},
+		{Name: mapFirewallIPs, Key: c.vipT, Data: verdict, Elements: c.firewallIPs},
+		{Name: setClusterIPs, Key: []m.DataType{c.addrT}, Elements: clusterIPs},
 	}
 	for i, els := range c.slots {
 		sets = append(sets, &m.Set{Name: endpointSlotMap(i), Key: c.vipT, Data: c.targetT, Elements: els})
@@ -187,6 +217,7 @@ func (c *compiler) sets() []*m.Set {
 	for i, els := range c.nodePortSlots {
 		sets = append(sets, &m.Set{Name: nodePortSlotMap(i), Key: c.npT, Data: c.targetT, Elements: els})
 	}
+	sets = append(sets, c.ownSets...)
 	for _, s := range sets {
 		s.Elements = m.SortedElements(s)
 	}
@@ -203,7 +234,12 @@ func (c *compiler) baseChains() []*m.Chain {
 	}
 	dropMarked := m.Rule{Exprs: []m.Expr{m.MatchMark{Mask: markDrop, IsSet: true}, m.Verdict{Kind: m.Drop}}}
 	dropInvalid := m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}}
+	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
 	return []*m.Chain{
+		// Load-balancer source ranges at -110, before DNAT rewrites the
+		// load balancer's address.
+		base(chainFilterPreroutingPreDNAT, m.TypeFilter, m.HookPrerouting, -110, firewall),
+		base(chainFilterOutputPreDNAT, m.TypeFilter, m.HookOutput, -110, firewall),
 		// DNAT at dstnat (-100) for packets arriving and for the node's own.
 		base(chainNATPrerouting, m.TypeNAT, m.HookPrerouting, -100, jump(chainServices)),
 		base(chainNATOutput, m.TypeNAT, m.HookOutput, -100, jump(chainServices)),
@@ -219,6 +255,9 @@ func (c *compiler) baseChains() []*m.Chain {
 
 func (c *compiler) nodePortMatch() [][]m.Expr {
 	if len(c.cfg.NodePortAddresses) == 0 {
+		if c.cfg.LocalhostNodePorts && c.cfg.Family == m.IPv4 {
+			return [][]m.Expr{{m.MatchFibDaddrLocal{}}}
+		}
 		loopback := netip.MustParsePrefix("127.0.0.0/8")
 		if c.cfg.Family == m.IPv6 {
 			loopback = netip.MustParsePrefix("::1/128")
@@ -241,6 +280,17 @@ func (c *compiler) fixedChains() []*m.Chain {
 	check := &m.Chain{Name: chainEndpointsCheck, Rules: []m.Rule{
 		{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapNoEndpointServices}}},
 	}}
+	// After DNAT, a ClusterIP still in the destination is a port no service
+	// has: refuse it. An address of the service CIDRs that no service has
+	// goes nowhere: drop it.
+	check.Rules = append(check.Rules, m.Rule{Exprs: []m.Expr{m.MatchSet{Key: []m.Field{m.FieldDaddr}, Set: setClusterIPs},
+		m.Verdict{Kind: m.Goto, Chain: chainReject}}})
+	for _, p := range c.cfg.ServiceCIDRs {
+		if c.cfg.inFamily(p) {
+			check.Rules = append(check.Rules, m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldDaddr, Prefix: p.Masked()},
+				m.Verdict{Kind: m.Drop}}})
+		}
+	}
 	for _, match := range c.nodePortMatch() {
 		services.Rules = append(services.Rules, m.Rule{Exprs: append(slices.Clone(match),
 			m.VerdictMap{Key: nodePortKey, Map: mapServiceNodePorts})})

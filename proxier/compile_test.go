@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -36,14 +37,49 @@ func svc(name, port string, clusterIP string, n int, mods ...func(*k8s.ServicePo
 func nodePort(p uint16) func(*k8s.ServicePort) { return func(sp *k8s.ServicePort) { sp.NodePort = p } }
 func udp(sp *k8s.ServicePort)                  { sp.Name.Protocol = k8s.UDP; sp.Port = 53 }
 
+// local puts the first n endpoints on node-1 and the others on node-2.
+func local(n int) func(*k8s.ServicePort) {
+	return func(sp *k8s.ServicePort) {
+		for i := range sp.Endpoints {
+			sp.Endpoints[i].NodeName = "node-2"
+			if i < n {
+				sp.Endpoints[i].NodeName = "node-1"
+			}
+		}
+	}
+}
+
+// dualStack gives the service an IPv6 ClusterIP and IPv6 endpoints too.
+func dualStack(sp *k8s.ServicePort) {
+	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::10"))
+	for i, e := range sp.Endpoints {
+		sp.Endpoints = append(sp.Endpoints, k8s.Endpoint{Addr: netip.MustParseAddr(fmt.Sprintf("fd00:10:244:1::%x", 0x10+i)),
+			Port: e.Port, Ready: true, Serving: true})
+	}
+}
+
 var testConfig = Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 
-func TestCompileGolden(t *testing.T) {
-	tests := []struct {
-		name     string
-		services []k8s.ServicePort
-		cfg      Config
-	}{
+type goldenCase struct {
+	name     string
+	services []k8s.ServicePort
+	cfg      Config
+	node     k8s.Node
+}
+
+// compile builds the case's ruleset; cases without a configuration use
+// testConfig.
+func (tt goldenCase) compile() *m.Ruleset {
+	cfg := tt.cfg
+	if cfg.ClusterCIDRs == nil && !cfg.MasqueradeAll {
+		cfg = testConfig
+	}
+	return Compile(&k8s.Snapshot{Services: tt.services, Node: tt.node}, cfg)
+}
+
+// goldenCases are the rulesets kept as golden text in testdata/.
+func goldenCases() []goldenCase {
+	return []goldenCase{
 		{name: "empty"},
 		{name: "clusterip-1-endpoint", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)}},
 		{name: "clusterip-2-endpoints", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}},
@@ -61,6 +97,35 @@ func TestCompileGolden(t *testing.T) {
 		{name: "nodeport-addresses", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
 			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs,
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("fd77::/64")}}},
+		{name: "loadbalancer-externalip", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080), func(sp *k8s.ServicePort) {
+			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.77.100")}
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.168.77.200")}
+			sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/28"), netip.MustParsePrefix("192.168.77.1/32")}
+		})}, node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1")}}},
+		{name: "affinity", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080), func(sp *k8s.ServicePort) {
+			sp.AffinityTimeout = 3 * time.Hour
+		})}},
+		{name: "external-policy-local", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3, nodePort(30080), local(1), func(sp *k8s.ServicePort) {
+			sp.ExternalPolicyLocal = true
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.168.77.200")}
+		})}, node: k8s.Node{Name: "node-1"}},
+		{name: "internal-policy-local", services: []k8s.ServicePort{
+			svc("web", "http", "10.96.0.10", 3, local(2), func(sp *k8s.ServicePort) { sp.InternalPolicyLocal = true }),
+			svc("remote", "http", "10.96.0.11", 1, func(sp *k8s.ServicePort) { sp.InternalPolicyLocal = true }),
+		}, node: k8s.Node{Name: "node-1"}},
+		{name: "service-cidrs", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}}},
+		{name: "localhost-nodeports", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, LocalhostNodePorts: true}},
+		{name: "ipv6", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080), dualStack, func(sp *k8s.ServicePort) {
+			sp.AffinityTimeout = time.Minute
+		})}, cfg: Config{Family: m.IPv6, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}}},
+		{name: "topology-zone", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3, func(sp *k8s.ServicePort) {
+			sp.TrafficDistribution = "PreferClose"
+			for i := range sp.Endpoints {
+				sp.Endpoints[i].ZoneHints = []string{[]string{"zone-a", "zone-b", "zone-a"}[i]}
+			}
+		})}, node: k8s.Node{Name: "node-1", Zone: "zone-a"}},
 		{name: "terminating-fallback", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, func(sp *k8s.ServicePort) {
 			sp.Endpoints = []k8s.Endpoint{
 				{Addr: netip.MustParseAddr("10.244.1.10"), Port: 8080, Serving: true, Terminating: true},
@@ -68,13 +133,12 @@ func TestCompileGolden(t *testing.T) {
 			}
 		})}},
 	}
-	for _, tt := range tests {
+}
+
+func TestCompileGolden(t *testing.T) {
+	for _, tt := range goldenCases() {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := tt.cfg
-			if cfg.ClusterCIDRs == nil && !cfg.MasqueradeAll {
-				cfg = testConfig
-			}
-			got := m.Render(Compile(&k8s.Snapshot{Services: tt.services}, cfg))
+			got := m.Render(tt.compile())
 			golden := filepath.Join("testdata", tt.name+".nft")
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {

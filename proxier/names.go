@@ -8,12 +8,14 @@ const (
 	TableName = "nftproxy"
 
 	// Base chains.
-	chainNATPrerouting  = "nat-prerouting"
-	chainNATOutput      = "nat-output"
-	chainNATPostrouting = "nat-postrouting"
-	chainFilterInput    = "filter-input"
-	chainFilterForward  = "filter-forward"
-	chainFilterOutput   = "filter-output"
+	chainNATPrerouting           = "nat-prerouting"
+	chainNATOutput               = "nat-output"
+	chainNATPostrouting          = "nat-postrouting"
+	chainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
+	chainFilterOutputPreDNAT     = "filter-output-pre-dnat"
+	chainFilterInput             = "filter-input"
+	chainFilterForward           = "filter-forward"
+	chainFilterOutput            = "filter-output"
 
 	// Regular chains.
 	chainServices          = "services"
@@ -28,6 +30,8 @@ const (
 	mapNoEndpointServices  = "no-endpoint-services"
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
 	setHairpin             = "hairpin"
+	mapFirewallIPs         = "firewall-ips"
+	setClusterIPs          = "cluster-ips"
 
 	// Marks, as kube-proxy uses them.
 	markMasquerade = 0x4000

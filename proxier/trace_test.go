@@ -89,14 +89,14 @@ func TestTraceCompiled(t *testing.T) {
 			verdict: m.VerdictAccept, reach: both, masqueraded: both,
 		},
 		{
-			name:     "ClusterIP on an unknown port passes untouched",
+			name:     "ClusterIP on an unknown port is refused (a port no service has)",
 			services: web2, p: tracePkt(podSrc, "10.96.0.10", 81),
-			verdict: m.VerdictAccept,
+			verdict: m.VerdictReject,
 		},
 		{
-			name:     "ClusterIP with the other protocol passes untouched",
+			name:     "ClusterIP with the other protocol is refused (a port no service has)",
 			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80, udpPkt),
-			verdict: m.VerdictAccept,
+			verdict: m.VerdictReject,
 		},
 		{
 			name:     "NodePort on a node address from outside reaches endpoints, masqueraded",
@@ -170,10 +170,10 @@ func TestTraceCompiled(t *testing.T) {
 			verdict:  m.VerdictReject,
 		},
 		{
-			name:     "TCP to a UDP service port passes untouched",
+			name:     "TCP to a UDP service port is refused (a port no service has)",
 			services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 2, udp)},
 			p:        tracePkt(podSrc, "10.96.0.53", 53),
-			verdict:  m.VerdictAccept,
+			verdict:  m.VerdictReject,
 		},
 		{
 			name:     "hairpin: the only endpoint reaches itself, masqueraded",
