@@ -38,7 +38,8 @@ type Options struct {
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration
 	Kernel        Kernel
-	Flows         FlowCleaner // optional
+	Flows         FlowCleaner   // optional
+	HealthChecks  *HealthChecks // optional: healthCheckNodePort servers
 	Logger        *zap.Logger
 	Metrics       *Metrics
 	Health        *Health
@@ -156,6 +157,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", full), zap.Duration("took", elapsed),
 		zap.Int("services", len(snap.Services)), zap.Int("serviceChanges", svcChanges), zap.Int("endpointChanges", epChanges))
+	if p.opts.HealthChecks != nil {
+		p.opts.HealthChecks.Update(snap)
+	}
 	if p.opts.Flows != nil {
 		p.cleanFlows(ctx, snap)
 	}
