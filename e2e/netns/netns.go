@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -261,4 +262,44 @@ func reuseAddr(_, _ string, rc syscall.RawConn) error {
 		return err
 	}
 	return serr
+}
+
+// WaitRunning waits until every named interface in the namespace is
+// operationally up. A veth that was just set up drops what it is given until
+// the kernel's link watcher has seen its carrier (asynchronously, late on a
+// busy machine), so a first packet sent too early is lost and a test that
+// expects an answer within a second fails.
+func (n *NS) WaitRunning(ctx context.Context, names ...string) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting []string
+		err := n.Do(func() error {
+			ifs, err := net.Interfaces()
+			if err != nil {
+				return fmt.Errorf("list interfaces: %w", err)
+			}
+			running := map[string]bool{}
+			for _, i := range ifs {
+				running[i.Name] = i.Flags&net.FlagRunning != 0
+			}
+			for _, name := range names {
+				if !running[name] {
+					waiting = append(waiting, name)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %v running in %s: %w", waiting, n.name, ctx.Err())
+		case <-tick.C:
+		}
+	}
 }

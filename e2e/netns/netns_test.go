@@ -2,6 +2,7 @@ package netns
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -98,14 +99,16 @@ func TestPidOf(t *testing.T) {
 
 func TestCleanupStale(t *testing.T) {
 	Require(t)
-	// pid_max is at most 2^22, so this pid never runs.
-	stale := "npstale-99999999-1-abcd"
+	// pid_max is at most 2^22, so pid 99999999 never runs. The prefix holds
+	// our pid so parallel runs of this test don't clean up each other's.
+	prefix := fmt.Sprintf("npst%d", os.Getpid())
+	stale := prefix + "-99999999-1-abcd"
 	if out, err := exec.Command("ip", "netns", "add", stale).CombinedOutput(); err != nil {
 		t.Fatalf("add stale netns: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = deleteNamed(stale) })
-	live := New(t, "npstale")
-	deleted, err := CleanupStale("npstale")
+	live := New(t, prefix)
+	deleted, err := CleanupStale(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

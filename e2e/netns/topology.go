@@ -1,12 +1,14 @@
 package netns
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 )
 
 // Fixed addresses of the topology. The client network is outside the cluster
@@ -194,7 +196,58 @@ func (t *Topology) build(opts TopologyOptions) error {
 			return err
 		}
 	}
+	if err := t.Node.fastNeighbours(NodeUplink, BridgeName); err != nil {
+		return err
+	}
+	for _, n := range append([]*NS{t.Client}, podNamespaces(t.allPods())...) {
+		if err := n.fastNeighbours(PodIface); err != nil {
+			return err
+		}
+	}
+	return t.waitRunning()
+}
+
+// fastNeighbours makes ARP and neighbour discovery retry after 100 ms instead
+// of 1 s. On a busy machine a first solicitation is now and then lost, and
+// the default retry comes too late for a test waiting a second; an absent
+// host still fails fast (5 tries). Namespaces have no "default" neighbour
+// sysctls, so this is set per interface.
+func (n *NS) fastNeighbours(devs ...string) error {
+	kv := map[string]string{}
+	for _, dev := range devs {
+		for _, fam := range []string{"ipv4", "ipv6"} {
+			kv["net/"+fam+"/neigh/"+dev+"/retrans_time_ms"] = "100"
+			kv["net/"+fam+"/neigh/"+dev+"/mcast_solicit"] = "5"
+		}
+	}
+	return n.Sysctls(kv)
+}
+
+// waitRunning waits for every link of the topology to carry packets.
+func (t *Topology) waitRunning() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodeLinks := []string{NodeUplink, BridgeName}
+	for i := range t.allPods() {
+		nodeLinks = append(nodeLinks, fmt.Sprintf("vethp%d", i))
+	}
+	if err := t.Node.WaitRunning(ctx, nodeLinks...); err != nil {
+		return err
+	}
+	for _, n := range append([]*NS{t.Client}, podNamespaces(t.allPods())...) {
+		if err := n.WaitRunning(ctx, PodIface); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func podNamespaces(pods []*Pod) []*NS {
+	ns := make([]*NS, 0, len(pods))
+	for _, p := range pods {
+		ns = append(ns, p.NS)
+	}
+	return ns
 }
 
 // createTuned creates a namespace without IPv6 duplicate address detection
