@@ -210,9 +210,15 @@ func serviceBase(svc *v1.Service, p *problems) (base ServicePort, ok bool) {
 		}
 		base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, pfx)
 	}
+	// An address listed twice would give the compiler one key twice; the
+	// kernel refuses such a batch.
 	base.ClusterIPs = dedupSorted(base.ClusterIPs)
-	base.ExternalIPs = dedupSorted(base.ExternalIPs)
-	base.LoadBalancerIPs = dedupSorted(base.LoadBalancerIPs)
+	base.ExternalIPs = nilIfEmpty(slices.DeleteFunc(dedupSorted(base.ExternalIPs), func(a netip.Addr) bool {
+		return slices.Contains(base.ClusterIPs, a)
+	}))
+	base.LoadBalancerIPs = nilIfEmpty(slices.DeleteFunc(dedupSorted(base.LoadBalancerIPs), func(a netip.Addr) bool {
+		return slices.Contains(base.ClusterIPs, a) || slices.Contains(base.ExternalIPs, a)
+	}))
 	base.LoadBalancerSourceRanges = dedupPrefixes(base.LoadBalancerSourceRanges)
 
 	switch spec.ExternalTrafficPolicy {
@@ -584,6 +590,15 @@ func parsePrefix(s string) (netip.Prefix, error) {
 func dedupSorted(as []netip.Addr) []netip.Addr {
 	slices.SortFunc(as, netip.Addr.Compare)
 	return slices.Compact(as)
+}
+
+// nilIfEmpty keeps snapshots comparable with reflect.DeepEqual: no address
+// is always nil, never an empty slice.
+func nilIfEmpty[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }
 
 func dedupPrefixes(ps []netip.Prefix) []netip.Prefix {

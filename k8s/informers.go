@@ -1,0 +1,144 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// proxiedSelector selects what kube-proxy selects: neither another proxy's
+// services nor headless ones (nor their slices, which carry the labels too).
+func proxiedSelector() string {
+	sel := labels.NewSelector()
+	for _, l := range []string{LabelServiceProxyName, v1.IsHeadlessService} {
+		req, err := labels.NewRequirement(l, selection.DoesNotExist, nil)
+		if err != nil {
+			panic(fmt.Sprintf("build label selector: %v", err)) // constant input
+		}
+		sel = sel.Add(*req)
+	}
+	return sel.String()
+}
+
+// RunInformers starts informers on Services, EndpointSlices and, when
+// nodeName is set, this node's Node, all in one shared factory, feeding
+// tracker. They stop when ctx ends. synced reports true once every informer
+// has listed and the tracker has received everything listed: apply nothing
+// before, or the first sync would remove every service (see WaitForSync).
+func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName string, tracker *Tracker, log *zap.Logger) (synced func() bool) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	selector := proxiedSelector()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+
+	var regs []cache.ResourceEventHandlerRegistration
+	add := func(kind string, inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			// Only a stopped informer refuses handlers; ours is new.
+			log.Error("Failed to add event handler", zap.String("kind", kind), zap.Error(err))
+			regs = append(regs, neverSynced{})
+			return
+		}
+		regs = append(regs, reg)
+	}
+
+	add(KindService, factory.Core().V1().Services().Informer(), cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { setTyped(log, KindService, obj, tracker.SetService) },
+		UpdateFunc: func(_, obj any) { setTyped(log, KindService, obj, tracker.SetService) },
+		DeleteFunc: func(obj any) { deleteKey(log, KindService, obj, tracker.DeleteService) },
+	})
+	add(KindEndpointSlice, factory.Discovery().V1().EndpointSlices().Informer(), cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { setTyped(log, KindEndpointSlice, obj, tracker.SetSlice) },
+		UpdateFunc: func(_, obj any) { setTyped(log, KindEndpointSlice, obj, tracker.SetSlice) },
+		DeleteFunc: func(obj any) { deleteKey(log, KindEndpointSlice, obj, tracker.DeleteSlice) },
+	})
+	if nodeName != "" {
+		nodeSel := fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		inf := factory.InformerFor(&v1.Node{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+			return coreinformers.NewFilteredNodeInformer(c, resync, cache.Indexers{},
+				func(o *metav1.ListOptions) { o.FieldSelector = nodeSel })
+		})
+		// The field selector already filters; the check guards against
+		// clients that ignore it (the fake clientset does).
+		setNode := func(n *v1.Node) {
+			if n.Name == nodeName {
+				tracker.SetNode(n)
+			}
+		}
+		add(KindNode, inf, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { setTyped(log, KindNode, obj, setNode) },
+			UpdateFunc: func(_, obj any) { setTyped(log, KindNode, obj, setNode) },
+			DeleteFunc: func(obj any) {
+				deleteKey(log, KindNode, obj, func(_, name string) {
+					if name == nodeName {
+						tracker.SetNode(nil)
+					}
+				})
+			},
+		})
+	}
+
+	factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+	return func() bool {
+		for _, r := range regs {
+			if !r.HasSynced() {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// WaitForSync waits until synced reports true or ctx ends.
+func WaitForSync(ctx context.Context, synced func() bool) error {
+	if !cache.WaitForCacheSync(ctx.Done(), synced) {
+		return fmt.Errorf("wait for informers to sync: %w", context.Cause(ctx))
+	}
+	return nil
+}
+
+type neverSynced struct{}
+
+func (neverSynced) HasSynced() bool                    { return false }
+func (neverSynced) HasSyncedChecker() cache.DoneChecker { return nil }
+
+func setTyped[T any](log *zap.Logger, kind string, obj any, set func(T)) {
+	o, ok := obj.(T)
+	if !ok {
+		log.Error("Unexpected object from informer", zap.String("kind", kind), zap.String("type", fmt.Sprintf("%T", obj)))
+		return
+	}
+	set(o)
+}
+
+// deleteKey calls del with the namespace and name of a deleted object, which
+// may come as a tombstone when the watch missed the deletion.
+func deleteKey(log *zap.Logger, kind string, obj any, del func(namespace, name string)) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err == nil {
+		var ns, name string
+		if ns, name, err = cache.SplitMetaNamespaceKey(key); err == nil {
+			del(ns, name)
+			return
+		}
+	}
+	log.Error("Cannot name deleted object", zap.String("kind", kind), zap.Error(err))
+}

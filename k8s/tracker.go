@@ -1,0 +1,521 @@
+package k8s
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TrackerOptions configure a Tracker.
+type TrackerOptions struct {
+	// FallbackNode stands for this node while there is no Node object
+	// (--hostname-override, --node-ip); its addresses also stand in for a
+	// Node object that has none.
+	FallbackNode Node
+	// OnInvalid, when set, is called for each problem found in an object,
+	// once per version of the object, outside the tracker's lock.
+	OnInvalid func(kind, namespace, name string, err error)
+}
+
+// Stats count what the tracker saw since it started.
+type Stats struct {
+	ServiceChanges  uint64 // service events that changed a service's ports
+	EndpointChanges uint64 // slice events that changed some endpoints
+	NodeChanges     uint64
+	Invalid         uint64 // problems found in objects, each logged
+}
+
+// Tracker holds the current Services, EndpointSlices and Node, and builds
+// Snapshots from them. Sources (informers, the manifest directory) call the
+// Set and Delete methods; the proxier reads Snapshot after each signal on
+// Changed. It is safe for concurrent use.
+type Tracker struct {
+	log     *zap.Logger
+	opts    TrackerOptions
+	changed chan struct{}
+
+	mu        sync.Mutex
+	services  map[types.NamespacedName]*serviceEntry
+	slices    map[types.NamespacedName]*sliceEntry
+	byService map[types.NamespacedName]map[string]*sliceEntry // by slice name
+	merged    map[types.NamespacedName][]ServicePort          // with endpoints; built lazily
+	node      *nodeEntry
+	snap      *Snapshot // nil when something changed since the last one
+	conflicts []*ObjectError
+	stats     Stats
+}
+
+type serviceEntry struct {
+	obj   *v1.Service
+	ports []ServicePort // without endpoints
+	errs  []error
+}
+
+type sliceEntry struct {
+	obj  *discoveryv1.EndpointSlice
+	eps  *SliceEndpoints // nil when the slice is skipped
+	errs []error
+}
+
+type nodeEntry struct {
+	obj  *v1.Node
+	node Node
+	errs []error
+}
+
+// NewTracker returns an empty tracker; log receives a warning for each
+// invalid object.
+func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Tracker{
+		log:       log,
+		opts:      opts,
+		changed:   make(chan struct{}, 1),
+		services:  map[types.NamespacedName]*serviceEntry{},
+		slices:    map[types.NamespacedName]*sliceEntry{},
+		byService: map[types.NamespacedName]map[string]*sliceEntry{},
+		merged:    map[types.NamespacedName][]ServicePort{},
+	}
+}
+
+// Changed receives a value after the tracker's state changed; several changes
+// before the receiver reads are coalesced into one.
+func (t *Tracker) Changed() <-chan struct{} { return t.changed }
+
+// NodeName is the name of this node as configured (the fallback node's).
+func (t *Tracker) NodeName() string { return t.opts.FallbackNode.Name }
+
+// Stats returns the counters since the tracker started.
+func (t *Tracker) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats
+}
+
+// update runs f under the lock, then reports the problems f found and
+// signals a change when f made one.
+func (t *Tracker) update(f func(*batch)) {
+	var b batch
+	t.mu.Lock()
+	f(&b)
+	if b.changed {
+		t.snap = nil
+	}
+	t.stats.Invalid += uint64(len(b.problems))
+	t.mu.Unlock()
+	t.report(b.problems)
+	if b.changed {
+		select {
+		case t.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// batch gathers the outcome of one update.
+type batch struct {
+	changed  bool
+	problems []error
+}
+
+func (t *Tracker) report(problems []error) {
+	for _, err := range problems {
+		var kind, ns, name string
+		if oe, ok := err.(*ObjectError); ok {
+			kind, ns, name = oe.Kind, oe.Namespace, oe.Name
+		}
+		t.log.Warn("Skipping invalid object data", zap.String("kind", kind), zap.String("namespace", ns),
+			zap.String("name", name), zap.Error(err))
+		if t.opts.OnInvalid != nil {
+			t.opts.OnInvalid(kind, ns, name, err)
+		}
+	}
+}
+
+// SetService adds or updates a Service.
+func (t *Tracker) SetService(svc *v1.Service) {
+	t.update(func(b *batch) { t.setService(b, svc) })
+}
+
+// DeleteService removes a Service.
+func (t *Tracker) DeleteService(namespace, name string) {
+	t.update(func(b *batch) { t.deleteService(b, types.NamespacedName{Namespace: namespace, Name: name}) })
+}
+
+// SetSlice adds or updates an EndpointSlice.
+func (t *Tracker) SetSlice(slice *discoveryv1.EndpointSlice) {
+	t.update(func(b *batch) { t.setSlice(b, slice) })
+}
+
+// DeleteSlice removes an EndpointSlice.
+func (t *Tracker) DeleteSlice(namespace, name string) {
+	t.update(func(b *batch) { t.deleteSlice(b, types.NamespacedName{Namespace: namespace, Name: name}) })
+}
+
+// SetNode sets this node's Node object; nil forgets it, and the fallback
+// node is used again.
+func (t *Tracker) SetNode(node *v1.Node) {
+	t.update(func(b *batch) { t.setNode(b, node) })
+}
+
+// ReplaceAll makes the given objects the whole state, as one change: what is
+// not among them is deleted. The manifest source uses it.
+func (t *Tracker) ReplaceAll(services []*v1.Service, eps []*discoveryv1.EndpointSlice, node *v1.Node) {
+	t.update(func(b *batch) {
+		keep := map[types.NamespacedName]bool{}
+		for _, svc := range services {
+			keep[keyOf(svc.Namespace, svc.Name)] = true
+			t.setService(b, svc)
+		}
+		for key := range t.services {
+			if !keep[key] {
+				t.deleteService(b, key)
+			}
+		}
+		clear(keep)
+		for _, s := range eps {
+			keep[keyOf(s.Namespace, s.Name)] = true
+			t.setSlice(b, s)
+		}
+		for key := range t.slices {
+			if !keep[key] {
+				t.deleteSlice(b, key)
+			}
+		}
+		t.setNode(b, node)
+	})
+}
+
+func keyOf(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
+
+// sameObject tells whether an update carries nothing new, so unchanged
+// objects are neither converted nor reported again.
+func sameObject[T interface{ GetResourceVersion() string }](a, b T) bool {
+	if rv := a.GetResourceVersion(); rv != "" && rv == b.GetResourceVersion() {
+		return true
+	}
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+func (t *Tracker) setService(b *batch, svc *v1.Service) {
+	key := keyOf(svc.Namespace, svc.Name)
+	old := t.services[key]
+	if old != nil && sameObject(old.obj, svc) {
+		return
+	}
+	ports, errs := ServicePorts(svc)
+	b.problems = append(b.problems, errs...)
+	if len(ports) == 0 && len(errs) == 0 {
+		// Ignored (headless, ExternalName, another proxy's): as if deleted.
+		t.deleteService(b, key)
+		return
+	}
+	var oldPorts []ServicePort
+	if old != nil {
+		oldPorts = old.ports
+	}
+	t.services[key] = &serviceEntry{obj: svc, ports: ports, errs: errs}
+	if !reflect.DeepEqual(oldPorts, ports) {
+		t.stats.ServiceChanges++
+		delete(t.merged, key)
+		b.changed = true
+	}
+}
+
+func (t *Tracker) deleteService(b *batch, key types.NamespacedName) {
+	old, ok := t.services[key]
+	if !ok {
+		return
+	}
+	delete(t.services, key)
+	delete(t.merged, key)
+	if len(old.ports) > 0 {
+		t.stats.ServiceChanges++
+		b.changed = true
+	}
+}
+
+func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
+	key := keyOf(slice.Namespace, slice.Name)
+	old := t.slices[key]
+	if old != nil && sameObject(old.obj, slice) {
+		return
+	}
+	eps, errs := EndpointsFromSlice(slice)
+	b.problems = append(b.problems, errs...)
+	if eps == nil && len(errs) == 0 {
+		t.deleteSlice(b, key)
+		return
+	}
+	e := &sliceEntry{obj: slice, eps: eps, errs: errs}
+	t.unlinkSlice(key, old)
+	t.slices[key] = e
+	if eps != nil {
+		svc := keyOf(eps.Namespace, eps.Service)
+		if t.byService[svc] == nil {
+			t.byService[svc] = map[string]*sliceEntry{}
+		}
+		t.byService[svc][slice.Name] = e
+	}
+	if old == nil || !reflect.DeepEqual(old.eps, eps) {
+		t.endpointsChanged(b, old)
+		t.endpointsChanged(b, e)
+	}
+}
+
+func (t *Tracker) deleteSlice(b *batch, key types.NamespacedName) {
+	old, ok := t.slices[key]
+	if !ok {
+		return
+	}
+	t.unlinkSlice(key, old)
+	delete(t.slices, key)
+	t.endpointsChanged(b, old)
+}
+
+func (t *Tracker) unlinkSlice(key types.NamespacedName, e *sliceEntry) {
+	if e == nil || e.eps == nil {
+		return
+	}
+	svc := keyOf(e.eps.Namespace, e.eps.Service)
+	delete(t.byService[svc], key.Name)
+	if len(t.byService[svc]) == 0 {
+		delete(t.byService, svc)
+	}
+}
+
+// endpointsChanged drops the merged ports of the service e's endpoints
+// belong to.
+func (t *Tracker) endpointsChanged(b *batch, e *sliceEntry) {
+	if e == nil || e.eps == nil {
+		return
+	}
+	t.stats.EndpointChanges++
+	delete(t.merged, keyOf(e.eps.Namespace, e.eps.Service))
+	b.changed = true
+}
+
+func (t *Tracker) setNode(b *batch, node *v1.Node) {
+	old := t.node
+	if node == nil {
+		t.node = nil
+		if old != nil {
+			t.stats.NodeChanges++
+			b.changed = true
+		}
+		return
+	}
+	if old != nil && sameObject(old.obj, node) {
+		return
+	}
+	n, errs := NodeFrom(node)
+	b.problems = append(b.problems, errs...)
+	t.node = &nodeEntry{obj: node, node: n, errs: errs}
+	if old == nil || !reflect.DeepEqual(old.node, n) {
+		t.stats.NodeChanges++
+		b.changed = true
+	}
+}
+
+// currentNode is the Node object's view, completed by the fallback.
+func (t *Tracker) currentNode() Node {
+	if t.node == nil || t.node.node.Name == "" {
+		return t.opts.FallbackNode
+	}
+	n := t.node.node
+	if len(n.Addrs) == 0 {
+		n.Addrs = t.opts.FallbackNode.Addrs
+	}
+	return n
+}
+
+// Snapshot returns the current desired state. The same pointer is returned
+// until something changes; neither the tracker nor the caller may modify it.
+func (t *Tracker) Snapshot() *Snapshot {
+	t.mu.Lock()
+	snap, problems := t.build()
+	t.stats.Invalid += uint64(len(problems))
+	t.mu.Unlock()
+	t.report(problems)
+	return snap
+}
+
+// build makes the snapshot if there is none; it returns the conflicts that
+// were not there in the previous one.
+func (t *Tracker) build() (*Snapshot, []error) {
+	if t.snap != nil {
+		return t.snap, nil
+	}
+	keys := make([]types.NamespacedName, 0, len(t.services))
+	n := 0
+	for key, e := range t.services {
+		if len(e.ports) > 0 {
+			keys = append(keys, key)
+			n += len(e.ports)
+		}
+	}
+	slices.SortFunc(keys, func(a, b types.NamespacedName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	ports := make(map[types.NamespacedName][]ServicePort, len(keys))
+	for _, key := range keys {
+		m, ok := t.merged[key]
+		if !ok {
+			m = WithEndpoints(t.services[key].ports, t.slicesOf(key))
+			t.merged[key] = m
+		}
+		ports[key] = m
+	}
+	skip, conflicts := t.findConflicts(keys, ports)
+	snap := &Snapshot{Services: make([]ServicePort, 0, n), Node: t.currentNode()}
+	for _, key := range keys {
+		for _, sp := range ports[key] {
+			if !skip[sp.Name] {
+				snap.Services = append(snap.Services, sp)
+			}
+		}
+	}
+	var fresh []error
+	for _, c := range conflicts {
+		if !slices.ContainsFunc(t.conflicts, func(o *ObjectError) bool { return o.Error() == c.Error() }) {
+			fresh = append(fresh, c)
+		}
+	}
+	t.conflicts = conflicts
+	t.snap = snap
+	return snap, fresh
+}
+
+// slicesOf returns the converted slices of a service, sorted by slice name
+// so that ties between duplicate endpoints break the same way every time.
+func (t *Tracker) slicesOf(key types.NamespacedName) []*SliceEndpoints {
+	m := t.byService[key]
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	out := make([]*SliceEndpoints, len(names))
+	for i, name := range names {
+		out[i] = m[name].eps
+	}
+	return out
+}
+
+type vipKey struct {
+	addr  netip.Addr
+	proto Protocol
+	port  uint16
+}
+
+// findConflicts finds service ports that claim an address, protocol and
+// port (or a node port) another service port already has: the compiler
+// would put the same key in a map twice, and the kernel would refuse the
+// whole ruleset. The older service keeps the key; among equally old ones
+// (manifests have no timestamps) the first by namespace and name; services
+// without a timestamp come after those with one.
+func (t *Tracker) findConflicts(keys []types.NamespacedName, ports map[types.NamespacedName][]ServicePort) (map[ServicePortName]bool, []*ObjectError) {
+	order := slices.Clone(keys)
+	slices.SortStableFunc(order, func(a, b types.NamespacedName) int {
+		ta, tb := t.services[a].obj.CreationTimestamp, t.services[b].obj.CreationTimestamp
+		// An unknown age does not make a service the older one.
+		return cmp.Or(cmp.Compare(boolInt(ta.IsZero()), boolInt(tb.IsZero())), ta.Compare(tb.Time))
+	})
+	vips := map[vipKey]ServicePortName{}
+	nodePorts := map[vipKey]ServicePortName{}
+	var skip map[ServicePortName]bool
+	var errs []*ObjectError
+	for _, key := range order {
+		for i := range ports[key] {
+			sp := &ports[key][i]
+			err := claim(sp, vips, nodePorts)
+			if err == nil {
+				continue
+			}
+			if skip == nil {
+				skip = map[ServicePortName]bool{}
+			}
+			skip[sp.Name] = true
+			errs = append(errs, &ObjectError{Kind: KindService, Namespace: key.Namespace, Name: key.Name,
+				Field: "spec.ports", Skipped: portLabel(sp.Name.Port, int32(sp.Port), v1.Protocol(sp.Name.Protocol)), Err: err})
+		}
+	}
+	return skip, errs
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// claim records sp's keys, or none of them if one is taken.
+func claim(sp *ServicePort, vips, nodePorts map[vipKey]ServicePortName) error {
+	var mine []vipKey
+	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, a := range list {
+			k := vipKey{a, sp.Name.Protocol, sp.Port}
+			if owner, ok := vips[k]; ok {
+				return reasonf(ErrConflict, "%s port %d/%s belongs to %s", a, sp.Port, sp.Name.Protocol, owner)
+			}
+			mine = append(mine, k)
+		}
+	}
+	np := vipKey{proto: sp.Name.Protocol, port: sp.NodePort}
+	if sp.NodePort != 0 {
+		if owner, ok := nodePorts[np]; ok {
+			return reasonf(ErrConflict, "nodePort %d/%s belongs to %s", sp.NodePort, sp.Name.Protocol, owner)
+		}
+		nodePorts[np] = sp.Name
+	}
+	for _, k := range mine {
+		vips[k] = sp.Name
+	}
+	return nil
+}
+
+// Skipped lists the current problems: invalid objects or parts of objects,
+// and service ports left out for a conflict. Sorted by message.
+func (t *Tracker) Skipped() []*ObjectError {
+	t.mu.Lock()
+	_, problems := t.build()
+	t.stats.Invalid += uint64(len(problems))
+	var out []*ObjectError
+	add := func(errs []error) {
+		for _, err := range errs {
+			if oe, ok := err.(*ObjectError); ok {
+				out = append(out, oe)
+			} else {
+				out = append(out, &ObjectError{Err: fmt.Errorf("unexpected error: %w", err)})
+			}
+		}
+	}
+	for _, e := range t.services {
+		add(e.errs)
+	}
+	for _, e := range t.slices {
+		add(e.errs)
+	}
+	if t.node != nil {
+		add(t.node.errs)
+	}
+	out = append(out, t.conflicts...)
+	t.mu.Unlock()
+	t.report(problems)
+	slices.SortFunc(out, func(a, b *ObjectError) int { return cmp.Compare(a.Error(), b.Error()) })
+	return out
+}
