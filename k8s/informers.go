@@ -117,7 +117,7 @@ func WaitForSync(ctx context.Context, synced func() bool) error {
 
 type neverSynced struct{}
 
-func (neverSynced) HasSynced() bool                    { return false }
+func (neverSynced) HasSynced() bool                     { return false }
 func (neverSynced) HasSyncedChecker() cache.DoneChecker { return nil }
 
 func setTyped[T any](log *zap.Logger, kind string, obj any, set func(T)) {
