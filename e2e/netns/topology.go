@@ -62,6 +62,12 @@ type Topology struct {
 	// InClusterClient is nil unless TopologyOptions.InClusterClient was set.
 	InClusterClient *Pod
 
+	// The fixed addresses again (same values as the package variables), so a
+	// scenario can read everything off the topology.
+	ClientAddr, ClientAddr6 netip.Addr // the client, outside the cluster CIDR
+	NodeAddr, NodeAddr6     netip.Addr // the node's client-facing address, for NodePorts
+	BridgeAddr, BridgeAddr6 netip.Addr // the node on the pod bridge, pods' gateway
+
 	// BridgeNFErr says why net.bridge.bridge-nf-call-ip{,6}tables could not be
 	// set in the node namespace; nil when they are 1. Without it, a pod
 	// reaching a service that picks a pod on the same bridge is not NATed.
@@ -110,7 +116,11 @@ func BuildTopology(opts TopologyOptions) (*Topology, error) {
 	if opts.Pods < 0 || opts.Pods > maxPods {
 		return nil, fmt.Errorf("build topology: %d pods, want 1..%d", opts.Pods, maxPods)
 	}
-	t := &Topology{}
+	t := &Topology{
+		ClientAddr: ClientAddr, ClientAddr6: ClientAddr6,
+		NodeAddr: NodeAddr, NodeAddr6: NodeAddr6,
+		BridgeAddr: BridgeAddr, BridgeAddr6: BridgeAddr6,
+	}
 	if err := t.build(opts); err != nil {
 		return nil, errors.Join(fmt.Errorf("build topology: %w", err), t.Close())
 	}
