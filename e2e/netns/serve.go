@@ -28,17 +28,19 @@ func (p *Pod) ServeName(proto string, port int) (stop func(), err error) {
 	return stop, nil
 }
 
-// PeerQuery is the line a TCP name server answers with the client's address
-// as it sees it (ip:port), so tests can tell preserved from masqueraded sources.
+// PeerQuery is the line (TCP) or datagram (UDP) a name server answers with
+// the client's address as it sees it (ip:port), so tests can tell preserved
+// from masqueraded sources. See TCPSession.Peer and NS.AskUDPPeer.
 const PeerQuery = "peer?"
 
 // ServeName runs a server in the namespace on port of every address of both
 // families. proto is "tcp" or "udp" (any case, so Kubernetes' "TCP" works).
 // TCP: each connection gets name + "\n", then every line it sends is echoed
 // back until it closes, so long-lived connections can be tested. UDP: each
-// datagram is answered with name + "\n". A TCP line PeerQuery is answered
-// with the client's address instead of being echoed. stop closes the socket and every
-// open connection and waits for the goroutines; calling it twice is safe.
+// datagram is answered with name + "\n". PeerQuery (a TCP line or a UDP
+// datagram) is answered with the client's address instead. stop closes the
+// socket and every open connection and waits for the goroutines; calling it
+// twice is safe.
 func (n *NS) ServeName(name, proto string, port int) (stop func(), err error) {
 	addr := fmt.Sprintf(":%d", port)
 	switch strings.ToLower(proto) {
@@ -124,12 +126,16 @@ func serveUDP(c net.PacketConn, name string) func() {
 		reply := []byte(name + "\n")
 		buf := make([]byte, 64<<10)
 		for {
-			_, from, err := c.ReadFrom(buf)
+			m, from, err := c.ReadFrom(buf)
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
 			if err != nil {
 				continue // e.g. an ICMP error for an earlier reply
+			}
+			if strings.TrimSuffix(string(buf[:m]), "\n") == PeerQuery {
+				_, _ = c.WriteTo([]byte(from.String()+"\n"), from)
+				continue
 			}
 			_, _ = c.WriteTo(reply, from)
 		}
@@ -236,6 +242,15 @@ func (s *TCPSession) Echo(ctx context.Context, line string) (string, error) {
 	return got, nil
 }
 
+// Peer asks the server for the client address it sees (PeerQuery).
+func (s *TCPSession) Peer(ctx context.Context) (netip.AddrPort, error) {
+	got, err := s.Echo(ctx, PeerQuery)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return parsePeer(got)
+}
+
 // Close closes the connection.
 func (s *TCPSession) Close() error { return s.Conn.Close() }
 
@@ -255,6 +270,30 @@ func (s *TCPSession) readLine(ctx context.Context) (string, error) {
 // without its trailing newline. The socket is connected, so an ICMP port
 // unreachable surfaces as an error matching syscall.ECONNREFUSED.
 func (n *NS) AskUDP(ctx context.Context, local, remote netip.AddrPort) (string, error) {
+	return n.askUDP(ctx, local, remote, "?\n")
+}
+
+// AskUDPPeer is AskUDP sending PeerQuery: it returns the client address the
+// server sees.
+func (n *NS) AskUDPPeer(ctx context.Context, local, remote netip.AddrPort) (netip.AddrPort, error) {
+	got, err := n.askUDP(ctx, local, remote, PeerQuery)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return parsePeer(got)
+}
+
+// parsePeer reads a server's PeerQuery answer. IPv4 clients of the
+// dual-stack servers are shown as IPv4, not as v4-mapped IPv6.
+func parsePeer(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("parse peer address %q: %w", s, err)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
+
+func (n *NS) askUDP(ctx context.Context, local, remote netip.AddrPort, msg string) (string, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	c, err := n.DialFrom(ctx, "udp", addrPortString(local), remote.String())
@@ -265,7 +304,7 @@ func (n *NS) AskUDP(ctx context.Context, local, remote netip.AddrPort) (string, 
 	if err := c.SetDeadline(deadline(ctx)); err != nil {
 		return "", fmt.Errorf("set deadline: %w", err)
 	}
-	if _, err := c.Write([]byte("?\n")); err != nil {
+	if _, err := c.Write([]byte(msg)); err != nil {
 		return "", fmt.Errorf("send datagram to %s: %w", remote, err)
 	}
 	buf := make([]byte, 64<<10)

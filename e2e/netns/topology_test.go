@@ -119,6 +119,21 @@ func TestTopologyRefusedAndSessions(t *testing.T) {
 			t.Errorf("echo %q = %q, %v", msg, got, err)
 		}
 	}
+	if peer, err := s.Peer(ctx); err != nil || peer != local {
+		t.Errorf("TCP peer = %v, %v; want %v", peer, err, local)
+	}
+	if _, err := p.ServeName("udp", namePort); err != nil {
+		t.Fatal(err)
+	}
+	for _, local := range []netip.AddrPort{netip.AddrPortFrom(ClientAddr, 40001), netip.AddrPortFrom(ClientAddr6, 40001)} {
+		to := netip.AddrPortFrom(p.Addr, namePort)
+		if local.Addr().Is6() {
+			to = netip.AddrPortFrom(p.Addr6, namePort)
+		}
+		if peer, err := topo.Client.AskUDPPeer(ctx, local, to); err != nil || peer != local {
+			t.Errorf("UDP peer = %v, %v; want %v", peer, err, local)
+		}
+	}
 	// Stopping the server ends open connections too.
 	stop()
 	if _, err := s.Echo(ctx, "after stop"); err == nil || IsTimeout(err) {
