@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftproxy/nftproxy/conntrack"
+	"github.com/nftproxy/nftproxy/k8s"
+	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// runDaemon wires sources, the sync loop and the HTTP servers, and runs until
+// ctx ends. The rules stay in the kernel when it returns.
+func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
+	cfgs, err := o.compileConfigs()
+	if err != nil {
+		return err
+	}
+	metrics := proxier.NewMetrics()
+	tracker, err := newTracker(o, log, metrics)
+	if err != nil {
+		return err
+	}
+	// Bind the servers first: a port in use is a start-up error, not a
+	// background one.
+	health := proxier.NewHealth(2 * max(o.syncPeriod, time.Second))
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", health)
+	mux.Handle("/livez", health)
+	if err := serve(ctx, log, "healthz", o.healthzBindAddress, mux); err != nil {
+		return err
+	}
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	if err := serve(ctx, log, "metrics", o.metricsBindAddress, metricsMux); err != nil {
+		return err
+	}
+
+	conn, err := nftmodel.Dial(0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.CloseLasting() }()
+	hc := proxier.NewHealthChecks(log, health)
+	defer hc.Close()
+	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
+		Kernel: netlinkKernel{conn}, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc}
+	if o.localhostNodePorts {
+		// Without it the kernel drops packets from 127.0.0.0/8 routed to a pod.
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable route_localnet for --localhost-nodeports: %w", err)
+		}
+	}
+	if o.conntrack {
+		ct, err := conntrack.Dial(0)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ct.Close() }()
+		popts.Flows = flowCleaner{conntrack.NewReconciler(ct)}
+	}
+
+	if err := startSource(ctx, o, log, tracker); err != nil {
+		return err
+	}
+	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
+	proxier.New(popts).Run(ctx, tracker)
+	log.Info("Stopping; the rules stay in place")
+	return nil
+}
+
+func newTracker(o *options, log *zap.Logger, metrics *proxier.Metrics) (*k8s.Tracker, error) {
+	nodeIPs, err := o.parseNodeIPs()
+	if err != nil {
+		return nil, err
+	}
+	name := o.hostnameOverride
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("get hostname: %w", err)
+		}
+	}
+	return k8s.NewTracker(log, k8s.TrackerOptions{
+		FallbackNode: k8s.Node{Name: name, Addrs: nodeIPs},
+		OnInvalid: func(kind, _, _ string, _ error) {
+			metrics.InvalidObjects.WithLabelValues(kind).Inc()
+		},
+	}), nil
+}
+
+// startSource feeds the tracker from the manifest directory or the API
+// server, and returns once the first complete state is in it.
+func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.Tracker) error {
+	if o.manifests != "" {
+		return k8s.WatchDir(ctx, o.manifests, tracker, log, 500*time.Millisecond)
+	}
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "nftproxy"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+	synced := k8s.RunInformers(ctx, client, tracker.NodeName(), tracker, log)
+	log.Info("Waiting for informers to sync")
+	return k8s.WaitForSync(ctx, synced)
+}
+
+// serve listens on addr (nothing when empty) and serves mux until ctx ends.
+func serve(ctx context.Context, log *zap.Logger, what, addr string, mux *http.ServeMux) error {
+	if addr == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen for %s: %w", what, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server failed", zap.String("server", what), zap.Error(err))
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	log.Info("Serving", zap.String("server", what), zap.String("address", l.Addr().String()))
+	return nil
+}
