@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -50,8 +49,14 @@ type Tracker struct {
 	merged    map[types.NamespacedName][]ServicePort          // with endpoints; built lazily
 	node      *nodeEntry
 	snap      *Snapshot // nil when something changed since the last one
-	conflicts []*ObjectError
 	stats     Stats
+
+	// Kept between snapshots while no service changes.
+	servicesDirty bool
+	keys          []types.NamespacedName // of services with ports, sorted
+	nPorts        int
+	skip          map[ServicePortName]bool // ports left out for a conflict
+	conflicts     []*ObjectError
 }
 
 type serviceEntry struct {
@@ -202,12 +207,15 @@ func keyOf(ns, name string) types.NamespacedName {
 }
 
 // sameObject tells whether an update carries nothing new, so unchanged
-// objects are neither converted nor reported again.
+// objects are neither converted nor reported again. reflect.DeepEqual is
+// three times faster than the API's semantic equality; a false difference
+// (a Quantity's cached string) only costs one conversion, whose result is
+// compared again.
 func sameObject[T interface{ GetResourceVersion() string }](a, b T) bool {
 	if rv := a.GetResourceVersion(); rv != "" && rv == b.GetResourceVersion() {
 		return true
 	}
-	return equality.Semantic.DeepEqual(a, b)
+	return reflect.DeepEqual(a, b)
 }
 
 func (t *Tracker) setService(b *batch, svc *v1.Service) {
@@ -231,6 +239,7 @@ func (t *Tracker) setService(b *batch, svc *v1.Service) {
 	if !reflect.DeepEqual(oldPorts, ports) {
 		t.stats.ServiceChanges++
 		delete(t.merged, key)
+		t.servicesDirty = true
 		b.changed = true
 	}
 }
@@ -244,6 +253,7 @@ func (t *Tracker) deleteService(b *batch, key types.NamespacedName) {
 	delete(t.merged, key)
 	if len(old.ports) > 0 {
 		t.stats.ServiceChanges++
+		t.servicesDirty = true
 		b.changed = true
 	}
 }
@@ -354,49 +364,60 @@ func (t *Tracker) Snapshot() *Snapshot {
 }
 
 // build makes the snapshot if there is none; it returns the conflicts that
-// were not there in the previous one.
+// were not there in the previous one. The service order and the conflicts
+// depend on services only, so an endpoint change reuses them.
 func (t *Tracker) build() (*Snapshot, []error) {
 	if t.snap != nil {
 		return t.snap, nil
 	}
-	keys := make([]types.NamespacedName, 0, len(t.services))
-	n := 0
-	for key, e := range t.services {
-		if len(e.ports) > 0 {
-			keys = append(keys, key)
-			n += len(e.ports)
-		}
+	var fresh []error
+	if t.servicesDirty {
+		fresh = t.sortAndCheck()
+		t.servicesDirty = false
 	}
-	slices.SortFunc(keys, func(a, b types.NamespacedName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	ports := make(map[types.NamespacedName][]ServicePort, len(keys))
-	for _, key := range keys {
+	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode()}
+	for _, key := range t.keys {
 		m, ok := t.merged[key]
 		if !ok {
 			m = WithEndpoints(t.services[key].ports, t.slicesOf(key))
 			t.merged[key] = m
 		}
-		ports[key] = m
-	}
-	skip, conflicts := t.findConflicts(keys, ports)
-	snap := &Snapshot{Services: make([]ServicePort, 0, n), Node: t.currentNode()}
-	for _, key := range keys {
-		for _, sp := range ports[key] {
-			if !skip[sp.Name] {
+		for _, sp := range m {
+			if !t.skip[sp.Name] {
 				snap.Services = append(snap.Services, sp)
 			}
 		}
 	}
+	t.snap = snap
+	return snap, fresh
+}
+
+// sortAndCheck orders the services with ports and finds their conflicts;
+// it returns the conflicts that are new.
+func (t *Tracker) sortAndCheck() []error {
+	t.keys = t.keys[:0]
+	t.nPorts = 0
+	for key, e := range t.services {
+		if len(e.ports) > 0 {
+			t.keys = append(t.keys, key)
+			t.nPorts += len(e.ports)
+		}
+	}
+	slices.SortFunc(t.keys, func(a, b types.NamespacedName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	old := map[string]bool{}
+	for _, c := range t.conflicts {
+		old[c.Error()] = true
+	}
+	t.skip, t.conflicts = t.findConflicts(t.keys)
 	var fresh []error
-	for _, c := range conflicts {
-		if !slices.ContainsFunc(t.conflicts, func(o *ObjectError) bool { return o.Error() == c.Error() }) {
+	for _, c := range t.conflicts {
+		if !old[c.Error()] {
 			fresh = append(fresh, c)
 		}
 	}
-	t.conflicts = conflicts
-	t.snap = snap
-	return snap, fresh
+	return fresh
 }
 
 // slicesOf returns the converted slices of a service, sorted by slice name
@@ -427,7 +448,7 @@ type vipKey struct {
 // whole ruleset. The older service keeps the key; among equally old ones
 // (manifests have no timestamps) the first by namespace and name; services
 // without a timestamp come after those with one.
-func (t *Tracker) findConflicts(keys []types.NamespacedName, ports map[types.NamespacedName][]ServicePort) (map[ServicePortName]bool, []*ObjectError) {
+func (t *Tracker) findConflicts(keys []types.NamespacedName) (map[ServicePortName]bool, []*ObjectError) {
 	order := slices.Clone(keys)
 	slices.SortStableFunc(order, func(a, b types.NamespacedName) int {
 		ta, tb := t.services[a].obj.CreationTimestamp, t.services[b].obj.CreationTimestamp
@@ -439,8 +460,9 @@ func (t *Tracker) findConflicts(keys []types.NamespacedName, ports map[types.Nam
 	var skip map[ServicePortName]bool
 	var errs []*ObjectError
 	for _, key := range order {
-		for i := range ports[key] {
-			sp := &ports[key][i]
+		ports := t.services[key].ports
+		for i := range ports {
+			sp := &ports[i]
 			err := claim(sp, vips, nodePorts)
 			if err == nil {
 				continue
