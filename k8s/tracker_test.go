@@ -411,3 +411,15 @@ func TestTrackerConcurrentUse(t *testing.T) {
 		t.Errorf("%d services", n)
 	}
 }
+
+func TestSnapshotLookup(t *testing.T) {
+	snap := &Snapshot{Services: wantFixtureServices()}
+	for _, sp := range snap.Services {
+		if got := snap.Lookup(sp.Name); got == nil || got.Name != sp.Name {
+			t.Errorf("Lookup(%v) = %v", sp.Name, got)
+		}
+	}
+	if got := snap.Lookup(ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: UDP}); got != nil {
+		t.Errorf("Lookup of a missing port = %v", got.Name)
+	}
+}
