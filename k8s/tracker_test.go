@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 )
 
 // fixtures is a small cluster: service web (dual-stack, three slices, one
@@ -421,5 +422,26 @@ func TestSnapshotLookup(t *testing.T) {
 	}
 	if got := snap.Lookup(ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: UDP}); got != nil {
 		t.Errorf("Lookup of a missing port = %v", got.Name)
+	}
+}
+
+func TestDeleteKeyTombstone(t *testing.T) {
+	tests := []struct {
+		name string
+		obj  any
+		want string
+	}{
+		{"object", svc("default", "web"), "default/web"},
+		{"tombstone", cache.DeletedFinalStateUnknown{Key: "default/web", Obj: svc("default", "web")}, "default/web"},
+		{"cluster-scoped", node("node-a", "z1"), "/node-a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got string
+			deleteKey(zap.NewNop(), KindService, tt.obj, func(ns, name string) { got = ns + "/" + name })
+			if got != tt.want {
+				t.Errorf("deleted %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
