@@ -245,10 +245,12 @@ func (c *compiler) baseChains() []*m.Chain {
 		base(chainNATOutput, m.TypeNAT, m.HookOutput, -100, jump(chainServices)),
 		// Masquerade at srcnat (100), after routing picked the interface.
 		base(chainNATPostrouting, m.TypeNAT, m.HookPostrouting, 100, jump(chainMasquerading)),
-		// Filtering at 0, after DNAT: a service port without endpoints still
-		// has its service address here, since nothing rewrote it.
-		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, dropMarked, jump(chainEndpointsCheck)),
-		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked, jump(chainEndpointsCheck)),
+		// Refusals right after DNAT (-90) and before routing, so a service
+		// port without endpoints is refused even where no route leads to
+		// its address: only packets nothing rewrote still carry it.
+		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
+		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, dropMarked),
+		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked),
 		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, dropMarked, jump(chainEndpointsCheck)),
 	}
 }

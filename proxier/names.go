@@ -13,6 +13,7 @@ const (
 	chainNATPostrouting          = "nat-postrouting"
 	chainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
 	chainFilterOutputPreDNAT     = "filter-output-pre-dnat"
+	chainFilterPrerouting        = "filter-prerouting"
 	chainFilterInput             = "filter-input"
 	chainFilterForward           = "filter-forward"
 	chainFilterOutput            = "filter-output"
