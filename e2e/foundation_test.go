@@ -217,3 +217,13 @@ func TestUnreadableManifestKeepsLastGoodState(t *testing.T) {
 		t.Errorf("with a broken file the last good state (two pods) must stay: %v", counts)
 	}
 }
+
+func TestPodsReachEveryEndpoint(t *testing.T) {
+	s := newScenario(t, 2, webManifests("10.244.1.10", "10.244.1.11"))
+	for _, from := range []*netns.Pod{s.topo.InClusterClient, s.topo.Pods[0]} {
+		counts := s.askMany(from.NS, webVIP, 60)
+		if len(counts) != 2 {
+			t.Errorf("from %s (%s): answers %v, want both pods", from.Name, from.Addr, counts)
+		}
+	}
+}
