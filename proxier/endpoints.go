@@ -21,15 +21,6 @@ func (e endpointChoice) internal(sp *k8s.ServicePort) []k8s.Endpoint {
 	return e.cluster
 }
 
-// external is where traffic to NodePorts, ExternalIPs and load balancer IPs
-// goes when it comes from outside the cluster.
-func (e endpointChoice) external(sp *k8s.ServicePort) []k8s.Endpoint {
-	if sp.ExternalPolicyLocal {
-		return e.local
-	}
-	return e.cluster
-}
-
 // chooseEndpoints picks the endpoints of the compiled family: ready ones,
 // or, when none is ready, serving ones that are terminating (separately for
 // the cluster-wide and the local choice). Topology hints narrow the cluster
