@@ -16,11 +16,11 @@ import (
 
 // dump prints the ruleset of every family the flags would apply.
 func dump(w io.Writer, o *options, log *zap.Logger) error {
-	snap, err := loadSnapshot(o, log)
+	cfgs, err := o.compileConfigs()
 	if err != nil {
 		return err
 	}
-	cfgs, err := o.compileConfigs()
+	snap, err := loadSnapshot(o, log)
 	if err != nil {
 		return err
 	}
