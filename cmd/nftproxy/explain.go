@@ -30,11 +30,11 @@ func explain(w io.Writer, o *options, logger *zap.Logger) error {
 	if o.port == 0 || o.port > 65535 {
 		return fmt.Errorf("parse --port: %d is not a port", o.port)
 	}
-	snap, err := loadSnapshot(o, logger)
+	cfgs, err := o.compileConfigs()
 	if err != nil {
 		return err
 	}
-	cfgs, err := o.compileConfigs()
+	snap, err := loadSnapshot(o, logger)
 	if err != nil {
 		return err
 	}
