@@ -16,11 +16,7 @@ import (
 
 // dump prints the ruleset of every family the flags would apply.
 func dump(w io.Writer, o *options, log *zap.Logger) error {
-	cfgs, err := o.compileConfigs()
-	if err != nil {
-		return err
-	}
-	snap, err := loadSnapshot(o, log)
+	cfgs, snap, err := loadOffline(o, log)
 	if err != nil {
 		return err
 	}
@@ -32,7 +28,18 @@ func dump(w io.Writer, o *options, log *zap.Logger) error {
 	return nil
 }
 
-// loadSnapshot reads the manifest directory once, for dump and explain.
+// loadOffline checks the flags, then reads the manifest directory once: what
+// dump and explain work from.
+func loadOffline(o *options, log *zap.Logger) ([]proxier.Config, *k8s.Snapshot, error) {
+	cfgs, err := o.compileConfigs()
+	if err != nil {
+		return nil, nil, err
+	}
+	snap, err := loadSnapshot(o, log)
+	return cfgs, snap, err
+}
+
+// loadSnapshot reads the manifest directory once.
 func loadSnapshot(o *options, log *zap.Logger) (*k8s.Snapshot, error) {
 	if o.manifests == "" {
 		return nil, errors.New("--manifests is required")

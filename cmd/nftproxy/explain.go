@@ -30,11 +30,7 @@ func explain(w io.Writer, o *options, logger *zap.Logger) error {
 	if o.port == 0 || o.port > 65535 {
 		return fmt.Errorf("parse --port: %d is not a port", o.port)
 	}
-	cfgs, err := o.compileConfigs()
-	if err != nil {
-		return err
-	}
-	snap, err := loadSnapshot(o, logger)
+	cfgs, snap, err := loadOffline(o, logger)
 	if err != nil {
 		return err
 	}
