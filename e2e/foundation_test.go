@@ -227,3 +227,25 @@ func TestPodsReachEveryEndpoint(t *testing.T) {
 		}
 	}
 }
+
+func TestStopLeavesRulesAndCleanupRemovesThem(t *testing.T) {
+	s := newScenario(t, 1, webManifests("10.244.1.10"))
+	if err := s.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// SIGTERM leaves the rules: traffic keeps flowing while the daemon restarts.
+	if name, err := s.topo.Client.AskTCP(s.ctx, webVIP); err != nil || name != s.topo.Pods[0].Name {
+		t.Errorf("after SIGTERM: %q, %v; want the service still answering", name, err)
+	}
+	if out, err := s.topo.Node.Exec(binary, "cleanup"); err != nil {
+		t.Fatalf("nftproxy cleanup: %v: %s", err, out)
+	}
+	for _, family := range []string{"ip", "ip6"} {
+		if out, err := s.topo.Node.Exec("nft", "list", "table", family, "nftproxy"); err == nil {
+			t.Errorf("table %s nftproxy still there after cleanup:\n%s", family, out)
+		}
+	}
+	if out, err := s.topo.Node.Exec(binary, "cleanup"); err != nil {
+		t.Errorf("a second cleanup must succeed too: %v: %s", err, out)
+	}
+}
