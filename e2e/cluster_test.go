@@ -1,0 +1,859 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/nftproxy/nftproxy/e2e/apiserver"
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// The scenarios below run nftproxy against a real kube-apiserver: objects
+// written with client-go drive the daemon, packets in the namespace topology
+// prove what it did. One API server serves them all; each scenario has its
+// own Kubernetes namespace, ClusterIPs, NodePort, topology and daemon, and
+// deletes its objects when it ends.
+
+// clusterIdentity is who the daemon is to the API server: the ServiceAccount
+// of deploy/, with only the permissions deploy/rbac.yaml grants.
+const clusterIdentity = "system:serviceaccount:kube-system:nftproxy"
+
+// clusterNode is the Node object of the topology's node namespace.
+const clusterNode = "node-1"
+
+// clusterEnv is the API server the scenarios share.
+type clusterEnv struct {
+	srv    *apiserver.Server
+	client kubernetes.Interface
+}
+
+func TestAPIServer(t *testing.T) {
+	if binary == "" {
+		t.Skip("needs root and network namespaces: " + netns.Usable())
+	}
+	start := time.Now()
+	env := newClusterEnv(t)
+	t.Logf("API server and cluster objects ready in %s", time.Since(start).Round(time.Millisecond))
+	tests := []struct {
+		name string
+		run  func(*testing.T, *clusterEnv)
+	}{
+		{"ClusterIPFollowsSlices", testClusterIPFollowsSlices},
+		{"NodePortMergesSlices", testClusterNodePortMergesSlices},
+		{"APIServerOutage", testClusterAPIServerOutage},
+		{"DaemonRestart", testClusterDaemonRestart},
+		{"MetricsAndHealth", testClusterMetricsAndHealth},
+		{"DriftRepair", testClusterDriftRepair},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			tt.run(t, env)
+			t.Logf("took %s", time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// newClusterEnv starts the API server and writes what every scenario needs:
+// the Node and deploy/'s ServiceAccount and RBAC.
+func newClusterEnv(t *testing.T) *clusterEnv {
+	t.Helper()
+	srv := apiserver.Require(t)
+	cfg := rest.CopyConfig(srv.RestConfig)
+	cfg.WarningHandler = rest.NoWarnings{} // externalIPs are deprecated, and used on purpose
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &clusterEnv{srv: srv, client: client}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// kube-apiserver creates kube-system itself, shortly after it is ready.
+	clusterEventually(ctx, t, "namespace kube-system", func() error {
+		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+		return err
+	})
+	for _, f := range []string{"serviceaccount.yaml", "rbac.yaml"} {
+		env.createManifests(ctx, t, filepath.Join("..", "deploy", f))
+	}
+
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: clusterNode, Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}}
+	node, err = client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create node: %v", err)
+	}
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: netns.NodeAddr.String()}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("set node addresses: %v", err)
+	}
+
+	// The daemon's identity reads what it needs and nothing more.
+	cfg = rest.CopyConfig(srv.RestConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: clusterIdentity}
+	as, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := as.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("%s cannot list EndpointSlices: %v", clusterIdentity, err)
+	}
+	if _, err := as.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("%s listing Secrets: error %v, want forbidden", clusterIdentity, err)
+	}
+	return env
+}
+
+// createManifests creates the ServiceAccounts and RBAC objects of a file.
+func (env *clusterEnv) createManifests(ctx context.Context, t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", path, err)
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("decode %s: %v", path, err)
+		}
+		switch o := obj.(type) {
+		case *v1.ServiceAccount:
+			_, err = env.client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = env.client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = env.client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("%s: unexpected %T", path, obj)
+		}
+		if err != nil {
+			t.Fatalf("create %T from %s: %v", obj, path, err)
+		}
+	}
+}
+
+// clusterEventually polls f until it returns nil, failing t with f's last
+// error when ctx ends.
+func clusterEventually(ctx context.Context, t *testing.T, what string, f func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not after %s: %v", what, time.Since(start).Round(time.Millisecond), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// clusterScenario is a topology whose node namespace runs nftproxy against
+// the shared API server.
+type clusterScenario struct {
+	t          *testing.T
+	env        *clusterEnv
+	ns         string // Kubernetes namespace of the scenario's objects
+	topo       *netns.Topology
+	kubeconfig string
+	args       []string
+	d          *Daemon
+	ctx        context.Context
+}
+
+// newClusterScenario makes namespace ns in the API server, builds a topology
+// of three pods serving their names on tcp/8080, and starts nftproxy in its
+// node namespace, waiting for the first sync.
+func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string) *clusterScenario {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	s := &clusterScenario{t: t, env: env, ns: ns, ctx: ctx}
+	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+	// Registered before the daemon's cleanup, so it runs after the daemon
+	// stopped: later scenarios start from a cluster without these objects.
+	t.Cleanup(s.deleteAll)
+
+	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2k", Pods: 3})
+	for _, p := range s.topo.Pods {
+		if _, err := p.ServeName("tcp", 8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(env.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, clusterRelay(t, s.topo.Node, u.Host))
+	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
+		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
+		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
+		"--min-sync-period", "100ms", "-v", "2"}, args...)
+	s.startDaemon()
+	return s
+}
+
+// startDaemon starts nftproxy with the scenario's flags (stopping it when
+// the test ends) and waits for its first sync.
+func (s *clusterScenario) startDaemon() {
+	s.t.Helper()
+	d, err := Start(s.topo.Node, binary, s.args...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.d = d
+	s.t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			s.t.Error(err)
+		}
+		if s.t.Failed() {
+			s.t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	if err := d.WaitSynced(s.ctx, 1); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// clusterRelay forwards TCP connections made to 127.0.0.1 in ns to target,
+// an address of the test's own network namespace, and returns the address
+// it listens on. The node namespace has no route to the host, on purpose;
+// this way the daemon reaches the API server over loopback and this process
+// only. It stops when the test ends.
+func clusterRelay(t *testing.T, ns *netns.NS, target string) string {
+	t.Helper()
+	l, err := ns.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		conns  = map[net.Conn]struct{}{}
+		closed bool
+		wg     sync.WaitGroup
+	)
+	track := func(cs ...net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range cs {
+			conns[c] = struct{}{}
+		}
+		return !closed
+	}
+	pipe := func(down net.Conn) {
+		defer down.Close()
+		up, err := net.DialTimeout("tcp", target, 2*time.Second)
+		if err != nil {
+			return // the API server is down: the client sees the connection close
+		}
+		defer up.Close()
+		if !track(down, up) {
+			return
+		}
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
+		<-done // either side gone: close both, which ends the other copy
+		up.Close()
+		down.Close()
+		<-done
+	}
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { pipe(c) })
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		closed = true
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+// clusterKubeconfig writes a copy of the admin kubeconfig that goes through
+// the relay and acts as the daemon's ServiceAccount.
+func clusterKubeconfig(t *testing.T, admin, relay string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + relay // the serving certificate is valid for 127.0.0.1
+	}
+	for _, a := range cfg.AuthInfos {
+		a.Impersonate = clusterIdentity
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// deleteAll deletes the scenario's Services and EndpointSlices. Without a
+// namespace controller the namespace itself would never go away, so it stays.
+func (s *clusterScenario) deleteAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	svcs, err := s.env.client.CoreV1().Services(s.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.t.Errorf("list services to delete: %v", err)
+		return
+	}
+	for _, svc := range svcs.Items {
+		if err := s.env.client.CoreV1().Services(s.ns).Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+			s.t.Errorf("delete service %s: %v", svc.Name, err)
+		}
+	}
+	if err := s.env.client.DiscoveryV1().EndpointSlices(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		s.t.Errorf("delete endpoint slices: %v", err)
+	}
+}
+
+// service creates a TCP Service with port p → 8080 on clusterIP, of type
+// NodePort when nodePort is not 0.
+func (s *clusterScenario) service(name, clusterIP string, nodePort int32, mods ...func(*v1.Service)) {
+	s.t.Helper()
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  clusterIP,
+			ClusterIPs: []string{clusterIP},
+			Ports: []v1.ServicePort{{Name: "p", Protocol: v1.ProtocolTCP, Port: 80,
+				TargetPort: intstr.FromInt32(8080), NodePort: nodePort}},
+		},
+	}
+	if nodePort != 0 {
+		svc.Spec.Type = v1.ServiceTypeNodePort
+	}
+	for _, m := range mods {
+		m(svc)
+	}
+	if _, err := s.env.client.CoreV1().Services(s.ns).Create(s.ctx, svc, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("create service %s: %v", name, err)
+	}
+}
+
+// slice creates or replaces EndpointSlice name of service with ready
+// endpoints on this node at the given addresses, port 8080.
+func (s *clusterScenario) slice(service, name string, addrs ...netip.Addr) {
+	s.t.Helper()
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Labels: map[string]string{
+			discoveryv1.LabelServiceName: service,
+			// Not the controller's value: nothing else manages these slices.
+			discoveryv1.LabelManagedBy: "e2e",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p"), Protocol: ptr.To(v1.ProtocolTCP), Port: ptr.To[int32](8080)}},
+		Endpoints:   []discoveryv1.Endpoint{},
+	}
+	for _, a := range addrs {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To(clusterNode)})
+	}
+	slices := s.env.client.DiscoveryV1().EndpointSlices(s.ns)
+	old, err := slices.Get(s.ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = slices.Create(s.ctx, es, metav1.CreateOptions{})
+	case err == nil:
+		es.ResourceVersion = old.ResourceVersion
+		_, err = slices.Update(s.ctx, es, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		s.t.Fatalf("write endpoint slice %s: %v", name, err)
+	}
+}
+
+// pods returns the addresses and names of the topology's pods i...
+func (s *clusterScenario) pods(i ...int) ([]netip.Addr, []string) {
+	var addrs []netip.Addr
+	var names []string
+	for _, n := range i {
+		addrs = append(addrs, s.topo.Pods[n].Addr)
+		names = append(names, s.topo.Pods[n].Name)
+	}
+	return addrs, names
+}
+
+// answeredBy asks addr from the client namespace several times per wanted
+// name and reports unless every answer came from a wanted pod and every
+// wanted pod answered.
+func (s *clusterScenario) answeredBy(addr netip.AddrPort, want []string) error {
+	got := map[string]int{}
+	for range 8 * len(want) {
+		name, err := s.topo.Client.AskTCP(s.ctx, addr)
+		if err != nil {
+			return fmt.Errorf("ask %s: %w", addr, err)
+		}
+		got[name]++
+	}
+	if names := slices.Sorted(maps.Keys(got)); !slices.Equal(names, slices.Sorted(slices.Values(want))) {
+		return fmt.Errorf("%s answered by %v, want %v", addr, got, want)
+	}
+	return nil
+}
+
+// eventually waits up to 15 s for f to return nil and returns how long it took.
+func (s *clusterScenario) eventually(what string, f func() error) time.Duration {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	return clusterEventually(ctx, s.t, what, f)
+}
+
+// ruleset lists every table of the node namespace with nft.
+func (s *clusterScenario) ruleset() string {
+	s.t.Helper()
+	out, err := s.topo.Node.Exec("nft", "list", "ruleset")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return out
+}
+
+// refused reports whether err is a connection refused or an ICMP
+// unreachable: an answer that comes at once, not a silent drop.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// get fetches url from inside the node namespace, where the daemon's
+// health and metrics servers listen on loopback.
+func (s *clusterScenario) get(url string) (int, []byte, error) {
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return s.topo.Node.Dial(ctx, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+// healthy checks /healthz: 200 and nodeHealthy in kube-proxy's JSON body.
+func (s *clusterScenario) healthy() error {
+	code, body, err := s.get("http://127.0.0.1:10256/healthz")
+	if err != nil {
+		return err
+	}
+	var h struct {
+		NodeHealthy bool `json:"nodeHealthy"`
+	}
+	if err := json.Unmarshal(body, &h); err != nil {
+		return fmt.Errorf("decode /healthz body %q: %w", body, err)
+	}
+	if code != http.StatusOK || !h.NodeHealthy {
+		return fmt.Errorf("/healthz: %d %s", code, body)
+	}
+	return nil
+}
+
+func testClusterIPFollowsSlices(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-slices")
+	vip := netip.MustParseAddrPort("10.96.20.10:80")
+	before := s.ruleset()
+
+	a0, n0 := s.pods(0)
+	s.service("web", vip.Addr().String(), 0)
+	s.slice("web", "web-a", a0...)
+	took := s.eventually("service created", func() error { return s.answeredBy(vip, n0) })
+	t.Logf("Service and EndpointSlice created: traffic through the ClusterIP after %s", took.Round(time.Millisecond))
+
+	a12, n12 := s.pods(1, 2)
+	s.slice("web", "web-a", a12...)
+	took = s.eventually("slice changed", func() error { return s.answeredBy(vip, n12) })
+	t.Logf("slice changed: traffic moved after %s", took.Round(time.Millisecond))
+
+	// A second slice of the same service adds its endpoints to the first's.
+	_, all := s.pods(0, 1, 2)
+	s.slice("web", "web-b", a0...)
+	s.eventually("second slice", func() error { return s.answeredBy(vip, all) })
+
+	if err := env.client.CoreV1().Services(s.ns).Delete(s.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took = s.eventually("service deleted", func() error {
+		if _, err := s.topo.Client.AskTCP(s.ctx, vip); !refused(err) {
+			return fmt.Errorf("ask %s: error %v, want refused or unreachable", vip, err)
+		}
+		return nil
+	})
+	t.Logf("Service deleted: ClusterIP refused after %s", took.Round(time.Millisecond))
+	// Its slices are still there (no garbage collector runs), but nothing of
+	// the service is left in the tables: they are as before it existed.
+	s.eventually("tables as before the service", func() error {
+		if diff := cmp.Diff(before, s.ruleset()); diff != "" {
+			return fmt.Errorf("ruleset (-before +now):\n%s", diff)
+		}
+		return nil
+	})
+}
+
+func testClusterNodePortMergesSlices(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-nodeport")
+	vip := netip.MustParseAddrPort("10.96.21.10:80")
+	np := netip.AddrPortFrom(netns.NodeAddr, 30210)
+	s.service("web", vip.Addr().String(), int32(np.Port()))
+	a0, n0 := s.pods(0)
+	a1, _ := s.pods(1)
+	s.slice("web", "web-a", a0...)
+	s.slice("web", "web-b", a1...)
+	_, both := s.pods(0, 1)
+	s.eventually("NodePort on the node address, both slices", func() error { return s.answeredBy(np, both) })
+	if err := s.answeredBy(vip, both); err != nil {
+		t.Error(err)
+	}
+	if err := env.client.DiscoveryV1().EndpointSlices(s.ns).Delete(s.ctx, "web-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually("one slice deleted", func() error { return s.answeredBy(np, n0) })
+}
+
+func testClusterAPIServerOutage(t *testing.T, env *clusterEnv) {
+	const outage = 10 * time.Second
+	s := newClusterScenario(t, env, "e2e-outage")
+	vip := netip.MustParseAddrPort("10.96.22.10:80")
+	np := netip.AddrPortFrom(netns.NodeAddr, 30220)
+	s.service("web", vip.Addr().String(), int32(np.Port()))
+	a01, n01 := s.pods(0, 1)
+	s.slice("web", "web-a", a01...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+
+	env.srv.StopAPIServer()
+	down := time.Now()
+	running := false
+	t.Cleanup(func() {
+		if !running { // leave the server up for the scenarios after this one
+			if err := env.srv.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("restart kube-apiserver: %v", err)
+			}
+		}
+	})
+	rounds := 0
+	for i := 0; time.Since(down) < outage; i++ {
+		line := fmt.Sprintf("ping %d", i)
+		if got, err := sess.Echo(s.ctx, line); err != nil || got != line {
+			t.Fatalf("established connection %s after %s without API server: %q, %v", sess.Name, time.Since(down), got, err)
+		}
+		for _, addr := range []netip.AddrPort{vip, np} {
+			if name, err := s.topo.Client.AskTCP(s.ctx, addr); err != nil || !slices.Contains(n01, name) {
+				t.Fatalf("new connection to %s after %s without API server: %q, %v", addr, time.Since(down), name, err)
+			}
+		}
+		if err := s.healthy(); err != nil {
+			t.Errorf("after %s without API server: %v", time.Since(down), err)
+		}
+		rounds++
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case <-s.d.done:
+		t.Fatalf("nftproxy exited while the API server was down:\n%s", s.d.Log())
+	default:
+	}
+	t.Logf("API server down %s: %d rounds of echo, new ClusterIP and NodePort connections and /healthz all answered",
+		time.Since(down).Round(time.Millisecond), rounds)
+
+	if err := env.srv.StartAPIServer(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	running = true
+	back := time.Now()
+	a2, n2 := s.pods(2)
+	s.slice("web", "web-a", a2...)
+	ctx, cancel := context.WithTimeout(s.ctx, 45*time.Second) // client-go backs off up to ~30 s
+	defer cancel()
+	clusterEventually(ctx, t, "change after the API server returned", func() error { return s.answeredBy(vip, n2) })
+	t.Logf("API server back after %s; a change written then was in the kernel %s later",
+		back.Sub(down).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
+	if err := s.healthy(); err != nil {
+		t.Error(err)
+	}
+}
+
+func testClusterDaemonRestart(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-restart")
+	vip := netip.MustParseAddrPort("10.96.23.10:80")
+	np := netip.AddrPortFrom(netns.NodeAddr, 30230)
+	s.service("web", vip.Addr().String(), int32(np.Port()))
+	a01, n01 := s.pods(0, 1)
+	s.slice("web", "web-a", a01...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	echo := func(when string) {
+		t.Helper()
+		if got, err := sess.Echo(s.ctx, when); err != nil || got != when {
+			t.Fatalf("connection to %s %s: %q, %v", sess.Name, when, got, err)
+		}
+	}
+	echo("before")
+	before := s.ruleset()
+
+	s.d.Kill()
+	echo("while nftproxy is dead")
+	if err := s.answeredBy(vip, n01); err != nil {
+		t.Errorf("while nftproxy is dead: %v", err)
+	}
+	old := s.d
+	s.startDaemon()
+	echo("after the restart")
+	if diff := cmp.Diff(before, s.ruleset()); diff != "" {
+		t.Errorf("the restart's full sync changed the ruleset (-before +after):\n%s", diff)
+	}
+	if n := old.Syncs(); n < 1 {
+		t.Errorf("the first daemon logged %d syncs", n)
+	}
+	if err := s.answeredBy(np, n01); err != nil {
+		t.Error(err)
+	}
+}
+
+func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
+	started := time.Now()
+	s := newClusterScenario(t, env, "e2e-metrics")
+	vip := netip.MustParseAddrPort("10.96.24.10:80")
+	s.service("web", vip.Addr().String(), 0)
+	a0, n0 := s.pods(0)
+	s.slice("web", "web-a", a0...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n0) })
+	// A newer service claiming web's address and port as an external IP:
+	// the API server takes it, nftproxy must leave its port out. Creation
+	// timestamps have whole seconds and equally old services are ordered by
+	// name, so the name sorts after web's too.
+	s.service("zz-thief", "10.96.24.11", 0, func(svc *v1.Service) { svc.Spec.ExternalIPs = []string{vip.Addr().String()} })
+
+	type check struct {
+		name string
+		ok   func(m *dto.Metric) error
+	}
+	atLeast := func(min float64) func(*dto.Metric) error {
+		return func(m *dto.Metric) error {
+			if v := m.GetCounter().GetValue(); v < min {
+				return fmt.Errorf("%v, want at least %v", v, min)
+			}
+			return nil
+		}
+	}
+	histogram := func(minCount uint64, maxMean float64) func(*dto.Metric) error {
+		return func(m *dto.Metric) error {
+			h := m.GetHistogram()
+			if h.GetSampleCount() < minCount || h.GetSampleSum() <= 0 || h.GetSampleSum()/float64(h.GetSampleCount()) > maxMean {
+				return fmt.Errorf("%d observations summing to %v, want at least %d with a mean in (0, %v]",
+					h.GetSampleCount(), h.GetSampleSum(), minCount, maxMean)
+			}
+			return nil
+		}
+	}
+	checks := []check{
+		// Two syncs at least: the first and web's; each well under a second here.
+		{"kubeproxy_sync_proxy_rules_duration_seconds", histogram(2, 1)},
+		{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", func(m *dto.Metric) error {
+			ts := time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
+			if ts.Before(started) || ts.After(time.Now()) {
+				return fmt.Errorf("%s, want between the daemon's start %s and now", ts, started)
+			}
+			return nil
+		}},
+		{"kubeproxy_network_programming_duration_seconds", histogram(2, 5)},
+		{"kubeproxy_sync_proxy_rules_endpoint_changes_total", atLeast(1)},
+		// The kubernetes Service and web.
+		{"kubeproxy_sync_proxy_rules_service_changes_total", atLeast(2)},
+		{"nftproxy_sync_full_total", atLeast(1)},
+		{"nftproxy_batch_messages", func(m *dto.Metric) error {
+			h := m.GetHistogram()
+			if h.GetSampleCount() < 2 || h.GetSampleSum() < float64(h.GetSampleCount()) {
+				return fmt.Errorf("%d batches of %v messages in all", h.GetSampleCount(), h.GetSampleSum())
+			}
+			return nil
+		}},
+		{"nftproxy_sync_failures_total", func(m *dto.Metric) error {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				return fmt.Errorf("%v failed syncs", v)
+			}
+			return nil
+		}},
+		{"nftproxy_invalid_objects_total", func(m *dto.Metric) error {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == "Service" {
+					return atLeast(1)(m)
+				}
+			}
+			return fmt.Errorf("labels %v, want kind=Service", m.GetLabel())
+		}},
+	}
+	var families map[string]*dto.MetricFamily
+	s.eventually("metrics after the conflict", func() error {
+		code, body, err := s.get("http://127.0.0.1:10249/metrics")
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("/metrics: %d %s", code, body)
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		if families, err = p.TextToMetricFamilies(bytes.NewReader(body)); err != nil {
+			return fmt.Errorf("parse /metrics: %w", err)
+		}
+		if _, ok := families["nftproxy_invalid_objects_total"]; !ok {
+			return errors.New("no nftproxy_invalid_objects_total yet")
+		}
+		return nil
+	})
+	for _, c := range checks {
+		mf, ok := families[c.name]
+		if !ok || len(mf.GetMetric()) != 1 {
+			t.Errorf("%s: not served as one series: %v", c.name, mf)
+			continue
+		}
+		if err := c.ok(mf.GetMetric()[0]); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	// web keeps its address: the conflicting port was left out, not web's.
+	if err := s.answeredBy(vip, n0); err != nil {
+		t.Error(err)
+	}
+	if err := s.healthy(); err != nil {
+		t.Error(err)
+	}
+	if code, body, err := s.get("http://127.0.0.1:10256/livez"); err != nil || code != http.StatusOK {
+		t.Errorf("/livez: %d %s %v", code, body, err)
+	}
+}
+
+func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
+	const period = 2 * time.Second
+	s := newClusterScenario(t, env, "e2e-drift", "--sync-period", period.String())
+	vip := netip.MustParseAddrPort("10.96.25.10:80")
+	np := netip.AddrPortFrom(netns.NodeAddr, 30250)
+	s.service("web", vip.Addr().String(), int32(np.Port()))
+	a0, n0 := s.pods(0)
+	s.slice("web", "web-a", a0...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n0) })
+	want := s.ruleset()
+
+	tests := []struct {
+		name string
+		nft  []string
+		// broken is an address the tampering cuts off.
+		broken netip.AddrPort
+	}{
+		{"flush the ClusterIP map", []string{"flush", "map", "ip", "nftproxy", "service-ips"}, vip},
+		{"flush the NodePort map", []string{"flush", "map", "ip", "nftproxy", "service-nodeports"}, np},
+		{"delete the prerouting NAT chain", []string{"delete", "chain", "ip", "nftproxy", "nat-prerouting"}, vip},
+		{"flush the services chain", []string{"flush", "chain", "ip", "nftproxy", "services"}, np},
+		{"delete the IPv4 table", []string{"delete", "table", "ip", "nftproxy"}, vip},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			syncs := s.d.Syncs()
+			if _, err := s.topo.Node.Exec(append([]string{"nft"}, tt.nft...)...); err != nil {
+				t.Fatal(err)
+			}
+			tampered := s.ruleset()
+			name, askErr := s.topo.Client.AskTCP(s.ctx, tt.broken)
+			// A periodic sync may repair it before we look; only then may
+			// the tampering be invisible.
+			if s.d.Syncs() == syncs {
+				if tampered == want {
+					t.Fatal("tampering changed nothing")
+				}
+				if askErr == nil {
+					t.Errorf("%s still answered (%s) right after the tampering", tt.broken, name)
+				}
+			}
+			took := s.eventually("repair", func() error {
+				if diff := cmp.Diff(want, s.ruleset()); diff != "" {
+					return fmt.Errorf("ruleset (-want +got):\n%s", diff)
+				}
+				return nil
+			})
+			// Nothing changed in the cluster: only the periodic full sync
+			// can have repaired it.
+			t.Logf("repaired after %s (sync period %s)", took.Round(time.Millisecond), period)
+			for _, addr := range []netip.AddrPort{vip, np} {
+				if err := s.answeredBy(addr, n0); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
