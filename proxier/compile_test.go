@@ -126,6 +126,14 @@ func goldenCases() []goldenCase {
 				sp.Endpoints[i].ZoneHints = []string{[]string{"zone-a", "zone-b", "zone-a"}[i]}
 			}
 		})}, node: k8s.Node{Name: "node-1", Zone: "zone-a"}},
+		{name: "topology-node", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3, func(sp *k8s.ServicePort) {
+			// Node hints on every endpoint decide, with or without a
+			// trafficDistribution, as in kube-proxy.
+			for i := range sp.Endpoints {
+				sp.Endpoints[i].ZoneHints = []string{"zone-a"}
+				sp.Endpoints[i].NodeHints = []string{[]string{"node-2", "node-1", "node-3"}[i]}
+			}
+		})}, node: k8s.Node{Name: "node-1", Zone: "zone-a"}},
 		{name: "terminating-fallback", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, func(sp *k8s.ServicePort) {
 			sp.Endpoints = []k8s.Endpoint{
 				{Addr: netip.MustParseAddr("10.244.1.10"), Port: 8080, Serving: true, Terminating: true},

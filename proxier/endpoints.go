@@ -33,7 +33,7 @@ func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(k8s.Endp
 		}
 	}
 	isLocal := func(e k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
-	hinted := topologyFilter(sp.TrafficDistribution, eps, node)
+	hinted := topologyFilter(eps, node)
 	return endpointChoice{
 		cluster: usable(eps, hinted),
 		local:   usable(eps, isLocal),
@@ -57,38 +57,36 @@ func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
 	return terminating
 }
 
-// topologyFilter returns which endpoints traffic distribution keeps, as
-// kube-proxy does: with PreferSameNode the endpoints hinted for this node if
-// any; otherwise (PreferClose, PreferSameZone, or no node hints) those hinted
-// for this node's zone, but only when every ready endpoint has zone hints and
-// at least one names this zone. Anything else keeps every endpoint.
-func topologyFilter(distribution string, eps []k8s.Endpoint, node *k8s.Node) func(k8s.Endpoint) bool {
-	all := func(k8s.Endpoint) bool { return true }
-	if distribution == "" {
-		return all
-	}
-	if distribution == "PreferSameNode" && node.Name != "" {
-		forNode := func(e k8s.Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
-		if slices.ContainsFunc(eps, func(e k8s.Endpoint) bool { return e.Ready && forNode(e) }) {
-			return forNode
-		}
-	}
-	if node.Zone == "" {
-		return all
+// topologyFilter returns which endpoints topology hints keep, as kube-proxy
+// does. The hints decide, not the service's trafficDistribution: the
+// topology-mode annotation gets zone hints written without it. The endpoints
+// hinted for this node when every ready endpoint has node hints and one names
+// this node; else those hinted for this node's zone when every ready endpoint
+// has zone hints and one names the zone; else every endpoint.
+func topologyFilter(eps []k8s.Endpoint, node *k8s.Node) func(k8s.Endpoint) bool {
+	forNode := func(e k8s.Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
+	if node.Name != "" && hintsMatch(eps, func(e k8s.Endpoint) []string { return e.NodeHints }, forNode) {
+		return forNode
 	}
 	inZone := func(e k8s.Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
+	if node.Zone != "" && hintsMatch(eps, func(e k8s.Endpoint) []string { return e.ZoneHints }, inZone) {
+		return inZone
+	}
+	return func(k8s.Endpoint) bool { return true }
+}
+
+// hintsMatch tells whether every ready endpoint has hints of one kind and
+// at least one of them matches.
+func hintsMatch(eps []k8s.Endpoint, hints func(k8s.Endpoint) []string, match func(k8s.Endpoint) bool) bool {
 	found := false
 	for _, e := range eps {
 		if !e.Ready {
 			continue
 		}
-		if len(e.ZoneHints) == 0 {
-			return all
+		if len(hints(e)) == 0 {
+			return false
 		}
-		found = found || inZone(e)
+		found = found || match(e)
 	}
-	if !found {
-		return all
-	}
-	return inZone
+	return found
 }

@@ -303,3 +303,58 @@ func addrPorts(ss []string) []netip.AddrPort {
 	}
 	return out
 }
+
+// TestTraceTopology checks which endpoints topology hints leave to a pod on
+// node-1 in zone-a, whatever the service's trafficDistribution says.
+func TestTraceTopology(t *testing.T) {
+	node := k8s.Node{Name: "node-1", Zone: "zone-a"}
+	type hints struct{ zone, node string } // "" for none
+	tests := []struct {
+		name         string
+		distribution string
+		hints        []hints // of endpoints 10.244.1.10, .11, .12
+		reach        []string
+	}{
+		{name: "PreferClose keeps this zone", distribution: "PreferClose",
+			hints: []hints{{zone: "zone-a"}, {zone: "zone-b"}, {zone: "zone-a"}},
+			reach: []string{"10.244.1.10:8080", "10.244.1.12:8080"}},
+		{name: "zone hints without trafficDistribution (topology-mode annotation)",
+			hints: []hints{{zone: "zone-b"}, {zone: "zone-a"}, {zone: "zone-b"}},
+			reach: []string{"10.244.1.11:8080"}},
+		{name: "no hint for this zone keeps all", distribution: "PreferClose",
+			hints: []hints{{zone: "zone-b"}, {zone: "zone-b"}, {zone: "zone-c"}},
+			reach: []string{"10.244.1.10:8080", "10.244.1.11:8080", "10.244.1.12:8080"}},
+		{name: "an endpoint without zone hints keeps all", distribution: "PreferClose",
+			hints: []hints{{zone: "zone-a"}, {}, {zone: "zone-b"}},
+			reach: []string{"10.244.1.10:8080", "10.244.1.11:8080", "10.244.1.12:8080"}},
+		{name: "node hints on every endpoint keep this node", distribution: "PreferSameNode",
+			hints: []hints{{"zone-a", "node-2"}, {"zone-a", "node-1"}, {"zone-b", "node-3"}},
+			reach: []string{"10.244.1.11:8080"}},
+		{name: "node hints on some endpoints only fall back to the zone", distribution: "PreferSameNode",
+			hints: []hints{{"zone-a", "node-1"}, {zone: "zone-b"}, {zone: "zone-a"}},
+			reach: []string{"10.244.1.10:8080", "10.244.1.12:8080"}},
+		{name: "no node hint for this node falls back to the zone", distribution: "PreferSameNode",
+			hints: []hints{{"zone-a", "node-2"}, {"zone-b", "node-3"}, {"zone-a", "node-4"}},
+			reach: []string{"10.244.1.10:8080", "10.244.1.12:8080"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sp := svc("web", "http", "10.96.0.10", len(tt.hints), func(sp *k8s.ServicePort) {
+				sp.TrafficDistribution = tt.distribution
+				for i, h := range tt.hints {
+					if h.zone != "" {
+						sp.Endpoints[i].ZoneHints = []string{h.zone}
+					}
+					if h.node != "" {
+						sp.Endpoints[i].NodeHints = []string{h.node}
+					}
+				}
+			})
+			got := m.Trace(Compile(&k8s.Snapshot{Services: []k8s.ServicePort{sp}, Node: node}, testConfig),
+				tracePkt(podSrc, "10.96.0.10", 80))
+			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("endpoints reached differ (-want +got):\n%s\nsteps:\n%s", diff, strings.Join(got.Steps, "\n"))
+			}
+		})
+	}
+}
