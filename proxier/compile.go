@@ -159,7 +159,9 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 		}
 		key := []m.Value{m.A(ip), proto, port}
 		external(key, &c.serviceIPs, &c.noEndpointIPs, &c.slots, externalChain, c.externalN)
-		if len(sp.LoadBalancerSourceRanges) > 0 && slices.Contains(sp.LoadBalancerIPs, ip) {
+		// Like kube-proxy, only ranges of the compiled family filter: a
+		// family without any leaves its load balancer addresses open.
+		if slices.ContainsFunc(sp.LoadBalancerSourceRanges, c.cfg.inFamily) && slices.Contains(sp.LoadBalancerIPs, ip) {
 			c.firewall(sp, key)
 		}
 	}

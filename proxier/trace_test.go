@@ -220,6 +220,27 @@ func TestTraceCompiled(t *testing.T) {
 			verdict:  m.VerdictAccept, reach: both, masqueraded: both,
 		},
 		{
+			name: "IPv4 source ranges don't filter an IPv6 load balancer address, as in kube-proxy",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6, func(sp *k8s.ServicePort) {
+				sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("fd00:200::10")}
+				sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+			})},
+			p:       tracePkt("fd77::2", "fd00:200::10", 80),
+			cfg:     &v6Config,
+			verdict: m.VerdictAccept, reach: []string{"[fd00:244::10]:8080", "[fd00:244::11]:8080"},
+			masqueraded: []string{"[fd00:244::10]:8080", "[fd00:244::11]:8080"},
+		},
+		{
+			name: "IPv6 source ranges filter an IPv6 load balancer address",
+			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6, func(sp *k8s.ServicePort) {
+				sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("fd00:200::10")}
+				sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("fd99::/64")}
+			})},
+			p:       tracePkt("fd77::2", "fd00:200::10", 80),
+			cfg:     &v6Config,
+			verdict: m.VerdictDrop,
+		},
+		{
 			name:     "IPv6 ClusterIP from a pod",
 			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6)},
 			p:        tracePkt("fd00:244::50", "fd00:96::10", 80),
