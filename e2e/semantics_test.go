@@ -292,17 +292,19 @@ func semAffinity(seconds int) string {
 
 func TestSemSessionAffinity(t *testing.T) {
 	s := newScenario(t, 3, nil)
-	web := semSvc{name: "web", clusterIPs: []string{"10.96.0.10"}, spec: semAffinity(0), v4: semEPs(semAddrs(s.topo.Pods...)...)}
+	web := semSvc{name: "web", typ: "NodePort", clusterIPs: []string{"10.96.0.10"}, nodePort: 30080, spec: semAffinity(0),
+		v4: semEPs(semAddrs(s.topo.Pods...)...)}
 	s.change(func() { s.write("web.yaml", web.yaml()) })
-	one := func(what string) string {
+	one := func(what string, addr netip.AddrPort) string {
 		t.Helper()
-		got := s.semAnswered(s.topo.Client, netip.Addr{}, webVIP, 50)
+		got := s.semAnswered(s.topo.Client, netip.Addr{}, addr, 50)
 		if len(got) != 1 {
-			t.Fatalf("%s: 50 connections from one client reached %v, want one pod", what, got)
+			t.Fatalf("%s: 50 connections from one client to %s reached %v, want one pod", what, addr, got)
 		}
 		return got[0]
 	}
-	one("ClientIP with the default timeout")
+	one("ClientIP with the default timeout", webVIP)
+	one("ClientIP with the default timeout", nodePort)
 
 	web.spec = ""
 	s.change(func() { s.write("web.yaml", web.yaml()) })
@@ -312,19 +314,28 @@ func TestSemSessionAffinity(t *testing.T) {
 
 	web.spec = semAffinity(600)
 	s.change(func() { s.write("web.yaml", web.yaml()) })
-	stuck := one("after switching back to ClientIP")
+	sources := s.semSources(12)
+	picks := s.semStickyPicks("after switching back to ClientIP", sources, 2)
 
-	// Removing the endpoint releases its client to one of the others.
+	// Removing an endpoint releases its clients to the others; the clients
+	// of the others keep theirs.
+	gone := picks[sources[0]]
 	var rest []netip.Addr
 	for _, p := range s.topo.Pods {
-		if p.Name != stuck {
+		if p.Name != gone {
 			rest = append(rest, p.Addr)
 		}
 	}
 	web.v4 = semEPs(rest...)
 	s.change(func() { s.write("web.yaml", web.yaml()) })
-	if now := one("after removing " + stuck); now == stuck {
-		t.Errorf("the client still reaches the removed endpoint %s", stuck)
+	after := s.semStickyPicks("after removing "+gone, sources, 2)
+	for _, src := range sources {
+		switch {
+		case after[src] == gone:
+			t.Errorf("client %s still reaches the removed endpoint %s", src, gone)
+		case picks[src] != gone && after[src] != picks[src]:
+			t.Errorf("client %s moved from %s to %s when another endpoint was removed", src, picks[src], after[src])
+		}
 	}
 }
 
@@ -369,8 +380,10 @@ func TestSemAffinityTimeout(t *testing.T) {
 	const timeout = 2 * time.Second
 	s := newScenario(t, 3, nil)
 	sources := s.semSources(12)
-	web := semSvc{name: "web", clusterIPs: []string{"10.96.0.10"}, spec: semAffinity(int(timeout / time.Second)),
-		v4: semEPs(semAddrs(s.topo.Pods...)...)}
+	web := semSvc{name: "web", clusterIPs: []string{"10.96.0.10"}, spec: semAffinity(0), v4: semEPs(semAddrs(s.topo.Pods...)...)}
+	s.change(func() { s.write("web.yaml", web.yaml()) })
+	// Changing the timeout of a live service takes effect.
+	web.spec = semAffinity(int(timeout / time.Second))
 	s.change(func() { s.write("web.yaml", web.yaml()) })
 	start := time.Now()
 	before := s.semStickyPicks("within the timeout", sources, 4)
