@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -76,6 +77,7 @@ func TestAPIServer(t *testing.T) {
 		{"NodePortMergesSlices", testClusterNodePortMergesSlices},
 		{"APIServerOutage", testClusterAPIServerOutage},
 		{"DaemonRestart", testClusterDaemonRestart},
+		{"RestartWhileAPIServerDown", testClusterRestartWhileAPIServerDown},
 		{"MetricsAndHealth", testClusterMetricsAndHealth},
 		{"DriftRepair", testClusterDriftRepair},
 	}
@@ -672,17 +674,99 @@ func testClusterDaemonRestart(t *testing.T, env *clusterEnv) {
 	if err := s.answeredBy(vip, n01); err != nil {
 		t.Errorf("while nftproxy is dead: %v", err)
 	}
-	old := s.d
 	s.startDaemon()
 	echo("after the restart")
+	if !clusterFirstSyncFull(s.d) {
+		t.Errorf("the restarted daemon's first sync was not full:\n%s", s.d.Log())
+	}
 	if diff := cmp.Diff(before, s.ruleset()); diff != "" {
 		t.Errorf("the restart's full sync changed the ruleset (-before +after):\n%s", diff)
 	}
-	if n := old.Syncs(); n < 1 {
-		t.Errorf("the first daemon logged %d syncs", n)
-	}
 	if err := s.answeredBy(np, n01); err != nil {
 		t.Error(err)
+	}
+}
+
+// clusterFirstSyncFull reports whether the daemon's first logged sync was a
+// full one.
+func clusterFirstSyncFull(d *Daemon) bool {
+	sc := bufio.NewScanner(strings.NewReader(d.Log()))
+	for sc.Scan() {
+		var line struct {
+			Msg  string `json:"msg"`
+			Full bool   `json:"full"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "Synced" {
+			return line.Full
+		}
+	}
+	return false
+}
+
+// testClusterRestartWhileAPIServerDown restarts the daemon while it cannot
+// reach the API server: it must apply nothing (an empty first sync would
+// remove every service) until its informers have listed everything, then
+// sync to the same ruleset.
+func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-restart-down")
+	vip := netip.MustParseAddrPort("10.96.27.10:80")
+	s.service("web", vip.Addr().String(), 0)
+	a01, n01 := s.pods(0, 1)
+	s.slice("web", "web-a", a01...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	before := s.ruleset()
+
+	s.d.Kill()
+	env.srv.StopAPIServer()
+	running := false
+	t.Cleanup(func() {
+		if !running {
+			if err := env.srv.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("restart kube-apiserver: %v", err)
+			}
+		}
+	})
+	d, err := Start(s.topo.Node, binary, s.args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.d = d
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	time.Sleep(time.Second) // long enough to have applied something if it were going to
+	if n := d.Syncs(); n != 0 {
+		t.Errorf("synced %d times without an API server", n)
+	}
+	if diff := cmp.Diff(before, s.ruleset()); diff != "" {
+		t.Errorf("ruleset changed before the informers synced (-before +now):\n%s", diff)
+	}
+	if err := s.answeredBy(vip, n01); err != nil {
+		t.Errorf("while the new daemon waits for the API server: %v", err)
+	}
+
+	if err := env.srv.StartAPIServer(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	running = true
+	if err := d.WaitSynced(s.ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, s.ruleset()); diff != "" {
+		t.Errorf("the first sync after the API server returned changed the ruleset (-before +after):\n%s", diff)
+	}
+	if got, err := sess.Echo(s.ctx, "after"); err != nil || got != "after" {
+		t.Errorf("connection to %s across the restart: %q, %v", sess.Name, got, err)
 	}
 }
 
