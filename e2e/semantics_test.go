@@ -464,9 +464,16 @@ func TestSemExternalTrafficPolicyLocal(t *testing.T) {
 	s.semWantAnswers("the node to its NodePort", s.topo.Node, netip.Addr{}, nodePort, 40, local.Name, remote.Name)
 	s.semWantHealth(http.StatusOK, 1)
 
+	// The local endpoint terminating but still serving keeps taking outside
+	// traffic while no other local one is ready; pods get the ready ones.
+	web.v4[0].cond = "{ready: false, serving: true, terminating: true}"
+	s.change(func() { s.write("web.yaml", web.yaml()) })
+	s.semWantAnswers("client, local endpoint terminating", s.topo.Client, netip.Addr{}, lb, 20, local.Name)
+	s.semWantAnswers("in-cluster client, local endpoint terminating", s.topo.InClusterClient.NS, netip.Addr{}, lb, 20, remote.Name)
+
 	// No local endpoint left: outside traffic is dropped here, so the load
 	// balancer's health check steers it to other nodes.
-	web.v4[0].node = "node-2"
+	web.v4[0] = semEP{addr: local.Addr.String(), node: "node-2"}
 	s.change(func() { s.write("web.yaml", web.yaml()) })
 	s.semWantDropped("client to the load balancer, no local endpoint", s.topo.Client, netip.Addr{}, lb)
 	s.semWantDropped("client to the NodePort, no local endpoint", s.topo.Client, netip.Addr{}, nodePort)
