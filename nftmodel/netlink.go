@@ -1,9 +1,12 @@
 package nftmodel
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 )
 
 // Stats counts what one batch carried.
@@ -11,8 +14,8 @@ type Stats struct {
 	Messages int // netlink messages in the batch, batch begin and end included
 	Elements int // set elements added or deleted (anonymous maps' included)
 	Rules    int // rules added
-	Chains   int // chains added, flushed or deleted
-	Sets     int // named sets added or deleted
+	Chains   int // chains added, flushed one by one or deleted
+	Sets     int // named sets added, flushed or deleted
 }
 
 // maxCommentLen is the longest comment nft accepts (NFTNL_UDATA_COMMENT_MAXLEN);
@@ -37,26 +40,54 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 	return c, nil
 }
 
-// Apply replaces the whole table with rs in one batch: the table is added
-// (so that deleting it can't fail), deleted with everything in it, and added
-// again with its sets, chains, elements and rules. Sets are declared before
-// chains and chains in model order, so `nft list table` prints them in the
-// model's order; elements follow the chains their verdicts name.
+// Apply makes the table (rs.Family, rs.Table) hold exactly rs, in one batch,
+// repairing whatever drifted from it, without recreating what is already
+// right. It reads the table's chains and sets (one dump each), then sends:
 //
-// Any error from the kernel leaves the table's state unknown: the caller must
-// apply in full again.
+//  1. add the table (a no-op when it exists);
+//  2. flush every rule of the table, so nothing references a set or chain;
+//  3. sets: those rs has with the same type are flushed, except the dynamic
+//     sets with a timeout (session affinity), whose elements the packet path
+//     wrote and which keep them; the others are deleted;
+//  4. chains: rs's regular chains and base chains with the same hook, type,
+//     priority and policy stay (empty); the others are deleted — nothing
+//     references them any more, rules and vmap elements went in 2 and 3;
+//  5. add the sets and chains that are missing, in model order;
+//  6. add every set's elements, then every chain's rules, in model order.
+//
+// Into a table that doesn't exist this sends what Render prints: sets, then
+// chains, in model order, which is the order `nft list table` prints them in.
+// Into an existing table the kernel keeps the objects that stay where they
+// were and puts the recreated and new ones after them.
+//
+// The batch carries the generation the kernel was read at: if anything
+// changed in between, the kernel refuses it untouched and Apply reads again
+// (maxApplyAttempts times in all; the last attempt goes unguarded, so that
+// a busy neighbour in another table can't starve the sync).
+//
+// Any other error from the kernel leaves the table's state unknown: the
+// caller must apply in full again.
 func Apply(conn *nftables.Conn, rs *Ruleset) (Stats, error) {
-	b := newBatch(conn, rs.Family, rs.Table)
-	b.addTable()
-	b.delTable()
-	b.addTable()
-	for _, s := range rs.Sets {
-		if err := b.addSet(s); err != nil {
-			return Stats{}, b.fail("apply", err)
+	for attempt := 1; ; attempt++ {
+		stats, err := applyOnce(conn, rs, attempt < maxApplyAttempts)
+		if attempt == maxApplyAttempts || !errors.Is(err, unix.ERESTART) {
+			return stats, err
 		}
 	}
-	for _, c := range rs.Chains {
-		b.addChain(c)
+}
+
+// maxApplyAttempts bounds how often Apply reads the table again because the
+// ruleset changed while it planned.
+const maxApplyAttempts = 3
+
+func applyOnce(conn *nftables.Conn, rs *Ruleset, guarded bool) (Stats, error) {
+	b := newBatch(conn, rs.Family, rs.Table)
+	// Translate the model before asking the kernel anything: a model that
+	// can't be encoded fails without I/O and leaves nothing queued.
+	for _, s := range rs.Sets {
+		if _, err := b.declare(s); err != nil {
+			return Stats{}, b.fail("apply", err)
+		}
 	}
 	for _, s := range rs.Sets {
 		if err := b.addElements(s.Name, s.Elements); err != nil {
@@ -68,7 +99,144 @@ func Apply(conn *nftables.Conn, rs *Ruleset) (Stats, error) {
 			return Stats{}, b.fail("apply", err)
 		}
 	}
-	return b.send("apply")
+	fill := b.steps
+	b.steps = nil
+
+	k, err := readTable(conn, b.table)
+	if err != nil {
+		return Stats{}, b.fail("apply", err)
+	}
+	b.reconcile(k, rs)
+	b.steps = append(b.steps, fill...)
+	var gen uint32
+	if guarded {
+		gen = k.gen
+	}
+	return b.send("apply", gen)
+}
+
+// tableState is what the kernel holds of a table: its chains and named sets
+// in the kernel's order, and the ruleset generation they were read at.
+type tableState struct {
+	gen    uint32
+	chains []*nftables.Chain
+	sets   []*nftables.Set
+}
+
+// readTable reads the table's chains and sets; none when it doesn't exist.
+func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
+	gen, err := conn.GetGen()
+	if err != nil {
+		return nil, fmt.Errorf("get ruleset generation: %w", err)
+	}
+	k := &tableState{gen: gen.ID}
+	sets, err := conn.GetSets(t)
+	if errors.Is(err, unix.ENOENT) {
+		return k, nil // no such table
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	for _, s := range sets {
+		// Anonymous sets belong to the rules that use them and go with them.
+		if !s.Anonymous {
+			k.sets = append(k.sets, s)
+		}
+	}
+	// The kernel dumps the chains of every table of the family.
+	chains, err := conn.ListChainsOfTableFamily(t.Family)
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == t.Name {
+			k.chains = append(k.chains, c)
+		}
+	}
+	return k, nil
+}
+
+// reconcile plans steps 1 to 5 of Apply; the sets of rs must be declared.
+func (b *batch) reconcile(k *tableState, rs *Ruleset) {
+	b.addTable()
+	if len(k.chains) > 0 {
+		b.flushTable()
+	}
+	keepSets := map[string]bool{}
+	wantSets := make(map[string]*Set, len(rs.Sets))
+	for _, s := range rs.Sets {
+		wantSets[s.Name] = s
+	}
+	for _, ks := range k.sets {
+		s := wantSets[ks.Name]
+		switch {
+		case s == nil || !sameSet(ks, b.sets[s.Name]):
+			b.delSet(ks.Name)
+			continue
+		case s.Timeout > 0 && !s.IsVerdictMap():
+			// Live state: affinity entries the packet path added. (A
+			// verdict map is flushed even so: its elements would hold on
+			// to chains that may be about to go.)
+		default:
+			b.flushSet(ks.Name)
+		}
+		keepSets[ks.Name] = true
+	}
+	keepChains := map[string]bool{}
+	wantChains := make(map[string]*Chain, len(rs.Chains))
+	for _, c := range rs.Chains {
+		wantChains[c.Name] = c
+	}
+	for _, kc := range k.chains {
+		c := wantChains[kc.Name]
+		if c == nil || !sameChain(kc, c) {
+			b.delChain(kc.Name)
+			continue
+		}
+		keepChains[kc.Name] = true
+	}
+	for _, s := range rs.Sets {
+		if !keepSets[s.Name] {
+			b.addDeclaredSet(b.sets[s.Name])
+		}
+	}
+	for _, c := range rs.Chains {
+		if !keepChains[c.Name] {
+			b.addChain(c)
+		}
+	}
+}
+
+// sameSet tells whether the kernel's set k is declared as want: an existing
+// set can't change its type or flags, so any difference means recreating it.
+func sameSet(k, want *nftables.Set) bool {
+	if k.KeyType.GetNFTMagic() != want.KeyType.GetNFTMagic() || k.KeyType.Bytes != want.KeyType.Bytes ||
+		k.IsMap != want.IsMap || k.HasTimeout != want.HasTimeout || k.Dynamic != want.Dynamic ||
+		k.Interval || k.Constant || k.Size != want.Size {
+		return false
+	}
+	// The kernel keeps timeouts in milliseconds.
+	if want.HasTimeout && k.Timeout != want.Timeout.Truncate(time.Millisecond) {
+		return false
+	}
+	if !want.IsMap {
+		return true
+	}
+	// A verdict's length is the kernel's business; the model's types say it all.
+	return k.DataType.GetNFTMagic() == want.DataType.GetNFTMagic() &&
+		(want.DataType.GetNFTMagic() == nftables.TypeVerdict.GetNFTMagic() || k.DataType.Bytes == want.DataType.Bytes)
+}
+
+// sameChain tells whether the kernel's chain k is c's kind of chain: regular,
+// or a base chain on the same hook with the same type, priority and policy.
+func sameChain(k *nftables.Chain, c *Chain) bool {
+	if c.Base == nil {
+		return k.Hooknum == nil
+	}
+	want := libChain(k.Table, c)
+	return k.Hooknum != nil && *k.Hooknum == *want.Hooknum &&
+		k.Priority != nil && *k.Priority == *want.Priority &&
+		k.Type == want.Type && k.Policy != nil && *k.Policy == *want.Policy
 }
 
 // ApplyChanges sends c as one batch against the table (family, table), in the
@@ -123,7 +291,7 @@ func ApplyChanges(conn *nftables.Conn, family Family, table string, c *Changes) 
 	for _, name := range c.DelChains {
 		b.delChain(name)
 	}
-	return b.send("apply changes to")
+	return b.send("apply changes to", 0)
 }
 
 // Delete removes the table (family, name) with everything in it, if it
@@ -132,6 +300,6 @@ func Delete(conn *nftables.Conn, family Family, table string) error {
 	b := newBatch(conn, family, table)
 	b.addTable() // so that the deletion can't fail with ENOENT
 	b.delTable()
-	_, err := b.send("delete")
+	_, err := b.send("delete", 0)
 	return err
 }

@@ -67,16 +67,30 @@ func (b *batch) delTable() {
 	b.plan1(func() { b.conn.DelTable(b.table) }, "delete table %s %s", b.family, b.table.Name)
 }
 
-func (b *batch) addSet(s *Set) error {
+// declare makes s known to the batch, so that its elements can be planned,
+// without planning its creation.
+func (b *batch) declare(s *Set) (*nftables.Set, error) {
 	ls, err := libSet(b.table, s)
+	if err != nil {
+		return nil, err
+	}
+	b.sets[s.Name] = ls
+	b.types[s.Name] = s
+	return ls, nil
+}
+
+func (b *batch) addSet(s *Set) error {
+	ls, err := b.declare(s)
 	if err != nil {
 		return err
 	}
-	b.plan(1, func() error { return b.conn.AddSet(ls, nil) }, "add set %s", s.Name)
-	b.sets[s.Name] = ls
-	b.types[s.Name] = s
-	b.stats.Sets++
+	b.addDeclaredSet(ls)
 	return nil
+}
+
+func (b *batch) addDeclaredSet(ls *nftables.Set) {
+	b.plan(1, func() error { return b.conn.AddSet(ls, nil) }, "add set %s", ls.Name)
+	b.stats.Sets++
 }
 
 func (b *batch) delSet(name string) {
@@ -85,12 +99,28 @@ func (b *batch) delSet(name string) {
 	b.stats.Sets++
 }
 
+// flushSet deletes every element of a set; verdicts among them stop
+// referencing their chains.
+func (b *batch) flushSet(name string) {
+	ls := &nftables.Set{Table: b.table, Name: name}
+	b.plan1(func() { b.conn.FlushSet(ls) }, "flush set %s", name)
+	b.stats.Sets++
+}
+
 func (b *batch) chain(name string) *nftables.Chain {
 	return &nftables.Chain{Table: b.table, Name: name}
 }
 
 func (b *batch) addChain(c *Chain) {
-	lc := b.chain(c.Name)
+	lc := libChain(b.table, c)
+	b.plan1(func() { b.conn.AddChain(lc) }, "add chain %s", c.Name)
+	b.stats.Chains++
+}
+
+// libChain returns the library's description of a chain; base chains accept
+// what they don't decide.
+func libChain(t *nftables.Table, c *Chain) *nftables.Chain {
+	lc := &nftables.Chain{Table: t, Name: c.Name}
 	if c.Base != nil {
 		lc.Type = nftables.ChainTypeFilter
 		if c.Base.Type == TypeNAT {
@@ -101,8 +131,7 @@ func (b *batch) addChain(c *Chain) {
 		accept := nftables.ChainPolicyAccept
 		lc.Policy = &accept
 	}
-	b.plan1(func() { b.conn.AddChain(lc) }, "add chain %s", c.Name)
-	b.stats.Chains++
+	return lc
 }
 
 func libHook(h Hook) nftables.ChainHook {
@@ -124,6 +153,12 @@ func (b *batch) flushChain(name string) {
 	lc := b.chain(name)
 	b.plan1(func() { b.conn.FlushChain(lc) }, "flush chain %s", name)
 	b.stats.Chains++
+}
+
+// flushTable deletes every rule of every chain in the table in one message,
+// and with them the anonymous sets they own.
+func (b *batch) flushTable() {
+	b.plan1(func() { b.conn.FlushTable(b.table) }, "flush rules of table %s %s", b.family, b.table.Name)
 }
 
 func (b *batch) delChain(name string) {
@@ -285,9 +320,11 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 	return nil
 }
 
-// send queues the planned messages and sends them as one batch. On error it
-// tries to name the message the kernel refused.
-func (b *batch) send(verb string) (Stats, error) {
+// send queues the planned messages and sends them as one batch. A non-zero
+// genID makes the kernel refuse the batch with ERESTART, before looking at
+// it, if any table of the namespace changed since that generation. On error
+// send tries to name the message the kernel refused.
+func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	var what []string
 	for _, s := range b.steps {
 		if err := s.queue(); err != nil {
@@ -301,13 +338,15 @@ func (b *batch) send(verb string) (Stats, error) {
 		}
 	}
 	b.stats.Messages = len(what) + 2
-	err := b.conn.Flush()
+	err := b.conn.FlushWithGenID(genID)
 	if err == nil {
 		return b.stats, nil
 	}
 	where := fmt.Sprintf("batch of %d messages", b.stats.Messages)
 	if errors.Is(err, unix.ENOBUFS) {
 		where += "; replies were lost, the kernel may have committed it"
+	} else if errors.Is(err, unix.ERESTART) {
+		where += "; the ruleset changed since it was read"
 	} else if i, ok := b.locate(err, len(what)); ok {
 		where = fmt.Sprintf("message %d of %d: %s", i+1, len(what), what[i])
 	}

@@ -1,7 +1,6 @@
 package nftmodel
 
 import (
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -13,11 +12,15 @@ import (
 )
 
 // recorder is a test dialer: it keeps every batch sent to it and answers a
-// GETSET with the set of that name from sets.
+// GETSET with the set of that name from sets. It answers the reads of a full
+// Apply (GETGEN, and dumps of sets and chains) from table, as the kernel
+// would describe it: no such table when nil.
 type recorder struct {
 	t       *testing.T
 	batches [][]netlink.Message
 	sets    map[string]*Set
+	table   *Ruleset
+	gen     uint32
 }
 
 func newRecorder(t *testing.T, sets ...*Set) (*recorder, *nftables.Conn) {
@@ -39,6 +42,12 @@ func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {
 	case req[0].Header.Type == netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN):
 		r.batches = append(r.batches, slices.Clone(req))
 		return nil, nil
+	case msgType(req[0]) == "GETGEN":
+		return []netlink.Message{r.genReply(req[0])}, nil
+	case msgType(req[0]) == "GETSET" && req[0].Header.Flags&netlink.Dump != 0:
+		return r.setsDump(req[0])
+	case msgType(req[0]) == "GETCHAIN":
+		return r.chainsDump(req[0])
 	case msgType(req[0]) == "GETSET":
 		return []netlink.Message{r.setReply(req[0])}, nil
 	}
@@ -62,37 +71,7 @@ func (r *recorder) setReply(req netlink.Message) netlink.Message {
 	if s == nil {
 		r.t.Fatalf("GETSET for unknown set %q", name)
 	}
-	ls, err := libSet(&nftables.Table{Name: "t"}, s)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	u32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
-	flags := uint32(0)
-	reply := []netlink.Attribute{
-		{Type: unix.NFTA_SET_TABLE, Data: []byte("t\x00")},
-		{Type: unix.NFTA_SET_NAME, Data: []byte(name + "\x00")},
-		{Type: unix.NFTA_SET_KEY_TYPE, Data: u32(ls.KeyType.GetNFTMagic())},
-		{Type: unix.NFTA_SET_KEY_LEN, Data: u32(ls.KeyType.Bytes)},
-	}
-	if ls.IsMap {
-		flags |= unix.NFT_SET_MAP
-		magic := ls.DataType.GetNFTMagic()
-		if s.IsVerdictMap() {
-			magic = unix.NFT_DATA_VERDICT
-		}
-		reply = append(reply,
-			netlink.Attribute{Type: unix.NFTA_SET_DATA_TYPE, Data: u32(magic)},
-			netlink.Attribute{Type: unix.NFTA_SET_DATA_LEN, Data: u32(ls.DataType.Bytes)})
-	}
-	reply = append(reply, netlink.Attribute{Type: unix.NFTA_SET_FLAGS, Data: u32(flags)})
-	data, err := netlink.MarshalAttributes(reply)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSET), Sequence: req.Header.Sequence},
-		Data:   append([]byte{unix.NFPROTO_IPV4, 0, 0, 0}, data...),
-	}
+	return setMessage(r.t, "t", s, req.Header.Sequence)
 }
 
 func (r *recorder) lastBatch() []netlink.Message {
@@ -109,6 +88,7 @@ var msgNames = map[int]string{
 	unix.NFT_MSG_NEWRULE: "NEWRULE", unix.NFT_MSG_DELRULE: "DELRULE",
 	unix.NFT_MSG_NEWSET: "NEWSET", unix.NFT_MSG_DELSET: "DELSET", unix.NFT_MSG_GETSET: "GETSET",
 	unix.NFT_MSG_NEWSETELEM: "NEWSETELEM", unix.NFT_MSG_DELSETELEM: "DELSETELEM",
+	unix.NFT_MSG_GETGEN: "GETGEN", unix.NFT_MSG_GETCHAIN: "GETCHAIN",
 }
 
 func msgType(m netlink.Message) string {
@@ -190,13 +170,13 @@ func TestApplyMessages(t *testing.T) {
 		{
 			name:      "empty table",
 			rs:        &Ruleset{Family: IPv6, Table: "t"},
-			want:      []string{"BEGIN", "NEWTABLE", "DELTABLE", "NEWTABLE", "END"},
-			wantStats: Stats{Messages: 5},
+			want:      []string{"BEGIN", "NEWTABLE", "END"},
+			wantStats: Stats{Messages: 3},
 		},
 		{
 			name: "sets, then chains, then elements, then rules with their anonymous maps",
 			rs:   small,
-			want: []string{"BEGIN", "NEWTABLE", "DELTABLE", "NEWTABLE",
+			want: []string{"BEGIN", "NEWTABLE",
 				"NEWSET",
 				"NEWCHAIN", "NEWCHAIN", "NEWCHAIN", "NEWCHAIN",
 				"NEWSETELEM",
@@ -204,7 +184,7 @@ func TestApplyMessages(t *testing.T) {
 				"NEWSET", "NEWSETELEM", "NEWRULE",
 				"NEWRULE", "NEWRULE",
 				"END"},
-			wantStats: Stats{Messages: 17, Elements: 4, Rules: 4, Chains: 4, Sets: 1},
+			wantStats: Stats{Messages: 15, Elements: 4, Rules: 4, Chains: 4, Sets: 1},
 		},
 	}
 	for _, tt := range tests {
