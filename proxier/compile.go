@@ -90,6 +90,12 @@ func newCompiler(cfg Config, node k8s.Node) *compiler {
 }
 
 func (c *compiler) addService(sp *k8s.ServicePort) {
+	// Like kube-proxy, a family's table only serves services with a
+	// ClusterIP of that family: an external or load balancer address of the
+	// other family is not the service's business there.
+	if !c.hasFamilyAddress(sp) {
+		return
+	}
 	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
 	internal := choice.internal(sp)
 	for _, e := range slices.Concat(choice.cluster, choice.local) {
@@ -165,7 +171,7 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 			c.firewall(sp, key)
 		}
 	}
-	if sp.NodePort == 0 || !c.hasFamilyAddress(sp) {
+	if sp.NodePort == 0 {
 		return
 	}
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
@@ -173,7 +179,8 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 }
 
 // hasFamilyAddress tells whether the service has a ClusterIP of the compiled
-// family: a single-stack service gets NodePorts in its own family only.
+// family: a single-stack service gets rules, NodePorts included, in its own
+// family only.
 func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 	return slices.ContainsFunc(sp.ClusterIPs, c.cfg.addrInFamily)
 }

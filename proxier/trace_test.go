@@ -241,6 +241,15 @@ func TestTraceCompiled(t *testing.T) {
 			verdict: m.VerdictDrop,
 		},
 		{
+			name: "an IPv6 external IP of an IPv4-only service is left alone, as in kube-proxy",
+			services: []k8s.ServicePort{svc("ssh", "ssh", "10.96.0.10", 1, externalIP("fd77::1"), func(sp *k8s.ServicePort) {
+				sp.Port = 22
+			})},
+			p:       tracePkt("fd77::2", "fd77::1", 22),
+			cfg:     &v6Config,
+			verdict: m.VerdictAccept,
+		},
+		{
 			name:     "IPv6 ClusterIP from a pod",
 			services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, ipv6)},
 			p:        tracePkt("fd00:244::50", "fd00:96::10", 80),
