@@ -1,15 +1,19 @@
 package nftmodel
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
@@ -76,7 +80,7 @@ func TestDifferential(t *testing.T) {
 				t.Errorf("Render and nft's listing differ (-render +nft):\n%s", d)
 			}
 
-			// Applying again replaces the table: same listing.
+			// Applying again refills the table in place: same listing.
 			if _, err := Apply(conn, rs); err != nil {
 				t.Fatal(err)
 			}
@@ -275,5 +279,197 @@ func TestApplyLargeBatch(t *testing.T) {
 	}
 	if len(kernelRules) != rules {
 		t.Errorf("kernel holds %d rules, want %d", len(kernelRules), rules)
+	}
+}
+
+// nft runs nft in ns with args and fails the test on error.
+func nft(t *testing.T, ns *netns.NS, args ...string) {
+	t.Helper()
+	if out, err := ns.Exec(append([]string{"nft"}, args...)...); err != nil {
+		t.Fatalf("nft %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// setKeys returns the first key part of every element the kernel holds in
+// the named IPv4 set (addresses only).
+func setKeys(t *testing.T, conn *nftables.Conn, rs *Ruleset, set string) []netip.Addr {
+	t.Helper()
+	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
+	els, err := conn.GetSetElements(&nftables.Set{Table: table, Name: set})
+	if err != nil {
+		t.Fatalf("get elements of set %s: %v", set, err)
+	}
+	var out []netip.Addr
+	for _, e := range els {
+		a, _ := netip.AddrFromSlice(e.Key[:4])
+		out = append(out, a)
+	}
+	return out
+}
+
+// afterFullApply is desired in the order the kernel keeps it after a full
+// Apply over a table that held applied: sets and chains that stayed keep
+// applied's order, and the new and recreated ones (named in recreated)
+// follow in desired's order.
+func afterFullApply(applied, desired *Ruleset, recreated ...string) *Ruleset {
+	stayed := *applied
+	stayed.Sets = slices.DeleteFunc(slices.Clone(applied.Sets), func(s *Set) bool { return slices.Contains(recreated, s.Name) })
+	stayed.Chains = slices.DeleteFunc(slices.Clone(applied.Chains), func(c *Chain) bool { return slices.Contains(recreated, c.Name) })
+	return kernelOrder(&stayed, desired)
+}
+
+// TestApplyAgainKeepsAffinity applies the same ruleset twice: the second
+// Apply recreates nothing, lists the same, and leaves the elements the packet
+// path put in the timeout sets (session affinity) where they are.
+func TestApplyAgainKeepsAffinity(t *testing.T) {
+	ns, conn := nftNS(t)
+	rs := fullRuleset()
+	first, err := Apply(conn, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := listTable(t, ns, rs)
+	nft(t, ns, "add", "element", "ip", rs.Table, "affinity", "{ 10.0.0.1 }")
+
+	second, err := Apply(conn, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first Apply: %+v", first)
+	t.Logf("second Apply: %+v", second)
+	// Nothing deleted or added: only the sets without a timeout are
+	// flushed, and the rules of the whole table in one message.
+	flushed := 0
+	for _, s := range rs.Sets {
+		if s.Timeout == 0 {
+			flushed++
+		}
+	}
+	if second.Chains != 0 || second.Sets != flushed || second.Elements != first.Elements || second.Rules != first.Rules {
+		t.Errorf("second Apply %+v: want no chain touched, %d sets flushed, all elements and rules again", second, flushed)
+	}
+	if want := first.Messages - len(rs.Sets) - len(rs.Chains) + flushed + 1; second.Messages != want {
+		t.Errorf("second Apply sent %d messages, want %d", second.Messages, want)
+	}
+	if got := setKeys(t, conn, rs, "affinity"); !slices.Equal(got, []netip.Addr{ip("10.0.0.1")}) {
+		t.Errorf("affinity set holds %v after the second Apply, want 10.0.0.1 kept", got)
+	}
+	nft(t, ns, "delete", "element", "ip", rs.Table, "affinity", "{ 10.0.0.1 }")
+	if d := gocmp.Diff(listed, listTable(t, ns, rs)); d != "" {
+		t.Errorf("second Apply changed the listing (-first +second):\n%s", d)
+	}
+}
+
+// TestApplyRepairsDrift changes the table behind the applier's back in every
+// way nft allows, then applies the same ruleset again: the listing is
+// Render's, except that the chains Apply had to recreate come last.
+func TestApplyRepairsDrift(t *testing.T) {
+	ns, conn := nftNS(t)
+	rs := fullRuleset()
+	if _, err := Apply(conn, rs); err != nil {
+		t.Fatal(err)
+	}
+	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
+	rules, err := conn.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	T := rs.Table
+	nft(t, ns, "delete", "rule", "ip", T, "masquerading", "handle", fmt.Sprint(rules[1].Handle)) // a rule gone
+	nft(t, ns, "add", "rule", "ip", T, "services", "counter")                                    // a rule too many
+	nft(t, ns, "flush", "chain", "ip", T, "svc-dns")                                             // a chain emptied
+	nft(t, ns, "flush", "map", "ip", T, "service-ips")                                           // a map emptied
+	nft(t, ns, "add", "element", "ip", T, "nodeport-ips", "{ 192.0.2.1 }")                       // an element too many
+	nft(t, ns, "delete", "element", "ip", T, "endpoints", "{ 10.96.0.10 . tcp . 80 }")           // one missing
+	nft(t, ns, "delete", "chain", "ip", T, "empty")                                              // a chain gone
+	nft(t, ns, "add", "chain", "ip", T, "filter-input", "{ policy drop; }")                      // a policy changed
+	nft(t, ns, "add", "chain", "ip", T, "intruder")                                              // chains, sets and
+	nft(t, ns, "add", "rule", "ip", T, "intruder", "ip saddr @nodeport-ips jump ep-dns")         // references too many
+	nft(t, ns, "add", "set", "ip", T, "stray", "{ type ipv4_addr; elements = { 192.0.2.2 } }")
+	nft(t, ns, "add", "element", "ip", T, "port-verdicts", "{ 23 : jump intruder }")
+
+	if _, err := Apply(conn, rs); err != nil {
+		t.Fatal(err)
+	}
+	want := Render(afterFullApply(rs, rs, "empty", "filter-input"))
+	if d := gocmp.Diff(want, listTable(t, ns, rs)); d != "" {
+		t.Errorf("listing after repair (-want +got):\n%s", d)
+	}
+}
+
+// TestApplyModelChange applies one ruleset, then another that removes,
+// retypes and re-hooks objects: the listing is the second ruleset's.
+func TestApplyModelChange(t *testing.T) {
+	ns, conn := nftNS(t)
+	from := fullRuleset()
+	to := fullRuleset()
+	to.Chains = slices.DeleteFunc(to.Chains, func(c *Chain) bool { return c.Name == "ep-web-3" || c.Name == "reject-chain" })
+	to.Sets = slices.DeleteFunc(to.Sets, func(s *Set) bool { return s.Name == "empty-map" })
+	to.Sets = append(to.Sets, &Set{Name: "new-set", Key: []DataType{TypeInetService}, Elements: []Element{{Key: []Value{N(8)}}}})
+	for _, s := range to.Sets {
+		switch s.Name {
+		case "service-ips": // its jump to reject-chain goes
+			s.Elements[2].Verdict = &Verdict{Kind: Drop}
+		case "ports": // unused by rules: another type
+			s.Key = []DataType{TypeIPv4Addr, TypeInetService}
+			s.Elements = []Element{{Key: []Value{A(ip("10.1.1.1")), N(80)}}}
+		case "affinity-ports": // another timeout
+			s.Timeout = time.Hour
+		}
+	}
+	for _, c := range to.Chains {
+		switch c.Name {
+		case "nat-postrouting":
+			c.Base.Priority = 110
+		case "filter-output":
+			c.Rules = []Rule{nlRule(Verdict{Kind: Accept})}
+		case "svc-web":
+			c.Rules[1] = nlRule(NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}})
+		}
+	}
+	to.Chains = append(to.Chains, &Chain{Name: "new-chain", Rules: []Rule{nlRule(Verdict{Kind: Return})}})
+
+	if _, err := Apply(conn, from); err != nil {
+		t.Fatal(err)
+	}
+	nft(t, ns, "add", "element", "ip", from.Table, "affinity", "{ 10.0.0.1 }")
+	nft(t, ns, "add", "element", "ip", from.Table, "affinity-ports", "{ 10.0.0.2 . 80 }")
+	if _, err := Apply(conn, to); err != nil {
+		t.Fatal(err)
+	}
+	// The affinity set kept its element, the retyped one lost its own.
+	if got := setKeys(t, conn, to, "affinity-ports"); len(got) != 0 {
+		t.Errorf("affinity-ports holds %v after its timeout changed, want nothing", got)
+	}
+	nft(t, ns, "delete", "element", "ip", from.Table, "affinity", "{ 10.0.0.1 }")
+	want := Render(afterFullApply(from, to, "ports", "affinity-ports", "nat-postrouting"))
+	if d := gocmp.Diff(want, listTable(t, ns, to)); d != "" {
+		t.Errorf("listing after the model changed (-want +got):\n%s", d)
+	}
+}
+
+// TestStaleGenerationRefused checks what Apply's retry relies on: the kernel
+// refuses a batch carrying a generation older than the ruleset's with
+// ERESTART, and applies none of it.
+func TestStaleGenerationRefused(t *testing.T) {
+	ns, conn := nftNS(t)
+	gen, err := conn.GetGen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nft(t, ns, "add", "table", "ip", "someone-else")
+	b := newBatch(conn, IPv4, "mine")
+	b.addTable()
+	if _, err := b.send("apply", gen.ID); !errors.Is(err, unix.ERESTART) {
+		t.Fatalf("batch with a stale generation: got %v, want ERESTART", err)
+	}
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		if tb.Name == "mine" {
+			t.Error("the refused batch created its table")
+		}
 	}
 }
