@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -48,7 +49,7 @@ func NewHealthChecks(log *zap.Logger, health *Health) *HealthChecks {
 func (h *HealthChecks) Update(snap *k8s.Snapshot) {
 	type want struct {
 		namespace, name string
-		local           int
+		local           map[netip.Addr]bool
 	}
 	wanted := map[uint16]*want{}
 	for i := range snap.Services {
@@ -58,11 +59,16 @@ func (h *HealthChecks) Update(snap *k8s.Snapshot) {
 		}
 		w := wanted[sp.HealthCheckNodePort]
 		if w == nil {
-			w = &want{namespace: sp.Name.Namespace, name: sp.Name.Name}
+			w = &want{namespace: sp.Name.Namespace, name: sp.Name.Name, local: map[netip.Addr]bool{}}
 			wanted[sp.HealthCheckNodePort] = w
 		}
-		choice := chooseEndpoints(sp, &snap.Node, func(k8s.Endpoint) bool { return true })
-		w.local += len(choice.local)
+		// Like kube-proxy: distinct local addresses that are ready, so a
+		// node whose pods are all terminating drains (503).
+		for _, e := range sp.Endpoints {
+			if e.Ready && snap.Node.Name != "" && e.NodeName == snap.Node.Name {
+				w.local[e.Addr] = true
+			}
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -92,7 +98,7 @@ func (h *HealthChecks) Update(snap *k8s.Snapshot) {
 			h.servers[port] = s
 		}
 		s.mu.Lock()
-		s.namespace, s.name, s.localEndpoints = w.namespace, w.name, w.local
+		s.namespace, s.name, s.localEndpoints = w.namespace, w.name, len(w.local)
 		s.mu.Unlock()
 	}
 }

@@ -44,6 +44,18 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if code, body := ask(); code != 200 || body["localEndpoints"].(float64) != 1 {
 		t.Errorf("with a local endpoint: %d %v, want 200 and 1", code, body)
 	}
+	https := web
+	https.Name.Port, https.Port = "https", 443 // same pod: still one local endpoint
+	hc.Update(&k8s.Snapshot{Services: []k8s.ServicePort{web, https}, Node: k8s.Node{Name: "node-1"}})
+	if code, body := ask(); code != 200 || body["localEndpoints"].(float64) != 1 {
+		t.Errorf("two ports of one local pod: %d %v, want 200 and 1", code, body)
+	}
+	terminating := web
+	terminating.Endpoints = []k8s.Endpoint{{Addr: web.Endpoints[0].Addr, Port: 8080, Serving: true, Terminating: true, NodeName: "node-1"}}
+	hc.Update(&k8s.Snapshot{Services: []k8s.ServicePort{terminating}, Node: k8s.Node{Name: "node-1"}})
+	if code, _ := ask(); code != 503 {
+		t.Errorf("only a terminating local pod: %d, want 503 so the load balancer drains the node", code)
+	}
 	hc.Update(&k8s.Snapshot{Services: []k8s.ServicePort{web}, Node: k8s.Node{Name: "node-3"}})
 	if code, body := ask(); code != 503 || body["localEndpoints"].(float64) != 0 {
 		t.Errorf("without local endpoints: %d %v, want 503 and 0", code, body)
