@@ -69,10 +69,18 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 			return err
 		}
 		defer func() { _ = ct.Close() }()
-		popts.Flows = flowCleaner{conntrack.NewReconciler(ct)}
+		r := conntrack.NewReconciler(ct)
+		r.LocalAddrs = conntrack.InterfaceAddrs
+		popts.Flows = flowCleaner{r}
 	}
 
 	if err := startSource(ctx, o, log, tracker); err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM while waiting for the API server is a stop, not a
+			// failure: nothing was applied and the previous rules stay.
+			log.Info("Stopping before the first sync; the rules stay in place")
+			return nil
+		}
 		return err
 	}
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
