@@ -731,7 +731,17 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 			}
 		}
 	})
+	// A daemon stopped before it could sync exits cleanly and leaves the rules.
 	d, err := Start(s.topo.Node, binary, s.args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := d.Stop(); err != nil || !d.cmd.ProcessState.Success() {
+		t.Errorf("SIGTERM while waiting for the API server: %v, %v:\n%s", err, d.cmd.ProcessState, d.Log())
+	}
+
+	d, err = Start(s.topo.Node, binary, s.args...)
 	if err != nil {
 		t.Fatal(err)
 	}
