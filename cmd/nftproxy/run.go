@@ -69,9 +69,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 			return err
 		}
 		defer func() { _ = ct.Close() }()
-		r := conntrack.NewReconciler(ct)
-		r.LocalAddrs = conntrack.InterfaceAddrs
-		popts.Flows = flowCleaner{r}
+		popts.Flows = flowCleaner{conntrack.NewReconciler(ct)}
 	}
 
 	if err := startSource(ctx, o, log, tracker); err != nil {
