@@ -3,6 +3,7 @@ package conntrack
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/mdlayher/netlink"
@@ -85,4 +86,22 @@ func tuple(proto uint8, src, dst netip.AddrPort) ct.Tuple {
 	t.Proto.SourcePort = src.Port()
 	t.Proto.DestinationPort = dst.Port()
 	return t
+}
+
+// InterfaceAddrs lists the addresses of the calling network namespace's
+// interfaces: where NodePorts answer.
+func InterfaceAddrs() ([]netip.Addr, error) {
+	ifAddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list local addresses: %w", err)
+	}
+	out := make([]netip.Addr, 0, len(ifAddrs))
+	for _, a := range ifAddrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,6 +47,11 @@ type Reconciler struct {
 	table      Table
 	localAddrs []netip.Addr
 
+	// LocalAddrs, when set, is asked on each call for the addresses
+	// NodePorts answer on now (they answer on every local address, not only
+	// the Node's); InterfaceAddrs is the daemon's.
+	LocalAddrs func() ([]netip.Addr, error)
+
 	mu sync.Mutex
 	// pending is set after a failed call; pendingPrev is the prev of the
 	// oldest change not yet reconciled (nil: unknown).
@@ -83,7 +89,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, prev, next *k8s.Snapshot) (r
 		}
 	}()
 
-	sel := newSelector(prev, next, r.localAddrs)
+	local := r.localAddrs
+	var addrErr error
+	if r.LocalAddrs != nil {
+		// Without them the Node's addresses still cover part of the change:
+		// reconcile anyway and report the failure.
+		var more []netip.Addr
+		more, addrErr = r.LocalAddrs()
+		local = slices.Concat(local, more)
+	}
+	defer func() { err = errors.Join(err, addrErr) }()
+	sel := newSelector(prev, next, local)
 	if !sel.mayHaveStale() {
 		res.Skipped = true
 		return res, nil

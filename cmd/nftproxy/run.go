@@ -69,7 +69,9 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 			return err
 		}
 		defer func() { _ = ct.Close() }()
-		popts.Flows = flowCleaner{conntrack.NewReconciler(ct)}
+		r := conntrack.NewReconciler(ct)
+		r.LocalAddrs = conntrack.InterfaceAddrs
+		popts.Flows = flowCleaner{r}
 	}
 
 	if err := startSource(ctx, o, log, tracker); err != nil {
