@@ -387,6 +387,8 @@ func TestApplyRepairsDrift(t *testing.T) {
 	nft(t, ns, "add", "rule", "ip", T, "intruder", "ip saddr @nodeport-ips jump ep-dns")         // references too many
 	nft(t, ns, "add", "set", "ip", T, "stray", "{ type ipv4_addr; elements = { 192.0.2.2 } }")
 	nft(t, ns, "add", "element", "ip", T, "port-verdicts", "{ 23 : jump intruder }")
+	nft(t, ns, "add", "rule", "ip", T, "services", "ip saddr vmap { 192.0.2.3 : jump intruder, 192.0.2.4 : drop }")
+	nft(t, ns, "add", "rule", "ip", T, "svc-web", "ip saddr 192.0.2.5 jump { accept; }") // an anonymous chain
 
 	if _, err := Apply(conn, rs); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package nftmodel
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -115,6 +116,8 @@ func applyOnce(conn *nftables.Conn, rs *Ruleset, guarded bool) (Stats, error) {
 	return b.send("apply", gen)
 }
 
+const boundChainPrefix = "__chain"
+
 // tableState is what the kernel holds of a table: its chains and named sets
 // in the kernel's order, and the ruleset generation they were read at.
 type tableState struct {
@@ -149,7 +152,12 @@ func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
 	for _, c := range chains {
-		if c.Table != nil && c.Table.Name == t.Name {
+		// Like anonymous sets, the anonymous chains of `jump { … }` rules
+		// (bound chains, which the kernel names __chain<id>) go with their
+		// rules. google/nftables doesn't decode the chain flags that would
+		// say so; a regular chain someone named that way by hand is left
+		// behind, empty.
+		if c.Table != nil && c.Table.Name == t.Name && !strings.HasPrefix(c.Name, boundChainPrefix) {
 			k.chains = append(k.chains, c)
 		}
 	}
