@@ -364,38 +364,60 @@ func TestApplyAgainKeepsAffinity(t *testing.T) {
 // way nft allows, then applies the same ruleset again: the listing is
 // Render's, except that the chains Apply had to recreate come last.
 func TestApplyRepairsDrift(t *testing.T) {
-	ns, conn := nftNS(t)
-	rs := fullRuleset()
-	if _, err := Apply(conn, rs); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name      string
+		drift     func(t *testing.T, ns *netns.NS, conn *nftables.Conn, T string)
+		recreated []string // chains and sets that move to the end
+	}{
+		{
+			name: "objects",
+			drift: func(t *testing.T, ns *netns.NS, conn *nftables.Conn, T string) {
+				table := &nftables.Table{Name: T, Family: nftables.TableFamilyIPv4}
+				rules, err := conn.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				nft(t, ns, "delete", "rule", "ip", T, "masquerading", "handle", fmt.Sprint(rules[1].Handle)) // a rule gone
+				nft(t, ns, "add", "rule", "ip", T, "services", "counter")                                    // a rule too many
+				nft(t, ns, "flush", "chain", "ip", T, "svc-dns")                                             // a chain emptied
+				nft(t, ns, "flush", "map", "ip", T, "service-ips")                                           // a map emptied
+				nft(t, ns, "add", "element", "ip", T, "nodeport-ips", "{ 192.0.2.1 }")                       // an element too many
+				nft(t, ns, "delete", "element", "ip", T, "endpoints", "{ 10.96.0.10 . tcp . 80 }")           // one missing
+				nft(t, ns, "delete", "chain", "ip", T, "empty")                                              // a chain gone
+				nft(t, ns, "add", "chain", "ip", T, "filter-input", "{ policy drop; }")                      // a policy changed
+				nft(t, ns, "add", "chain", "ip", T, "intruder")                                              // chains, sets and
+				nft(t, ns, "add", "rule", "ip", T, "intruder", "ip saddr @nodeport-ips jump ep-dns")         // references too many
+				nft(t, ns, "add", "set", "ip", T, "stray", "{ type ipv4_addr; elements = { 192.0.2.2 } }")
+				nft(t, ns, "add", "element", "ip", T, "port-verdicts", "{ 23 : jump intruder }")
+				nft(t, ns, "add", "rule", "ip", T, "services", "ip saddr vmap { 192.0.2.3 : jump intruder, 192.0.2.4 : drop }")
+				nft(t, ns, "add", "rule", "ip", T, "svc-web", "ip saddr 192.0.2.5 jump { accept; }") // an anonymous chain
+			},
+			recreated: []string{"empty", "filter-input"},
+		},
+		{
+			name: "table switched off",
+			drift: func(t *testing.T, ns *netns.NS, _ *nftables.Conn, T string) {
+				nft(t, ns, "add", "table", "ip", T, "{ flags dormant; }")
+				nft(t, ns, "add", "chain", "ip", T, "intruder")
+			},
+		},
 	}
-	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
-	rules, err := conn.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	T := rs.Table
-	nft(t, ns, "delete", "rule", "ip", T, "masquerading", "handle", fmt.Sprint(rules[1].Handle)) // a rule gone
-	nft(t, ns, "add", "rule", "ip", T, "services", "counter")                                    // a rule too many
-	nft(t, ns, "flush", "chain", "ip", T, "svc-dns")                                             // a chain emptied
-	nft(t, ns, "flush", "map", "ip", T, "service-ips")                                           // a map emptied
-	nft(t, ns, "add", "element", "ip", T, "nodeport-ips", "{ 192.0.2.1 }")                       // an element too many
-	nft(t, ns, "delete", "element", "ip", T, "endpoints", "{ 10.96.0.10 . tcp . 80 }")           // one missing
-	nft(t, ns, "delete", "chain", "ip", T, "empty")                                              // a chain gone
-	nft(t, ns, "add", "chain", "ip", T, "filter-input", "{ policy drop; }")                      // a policy changed
-	nft(t, ns, "add", "chain", "ip", T, "intruder")                                              // chains, sets and
-	nft(t, ns, "add", "rule", "ip", T, "intruder", "ip saddr @nodeport-ips jump ep-dns")         // references too many
-	nft(t, ns, "add", "set", "ip", T, "stray", "{ type ipv4_addr; elements = { 192.0.2.2 } }")
-	nft(t, ns, "add", "element", "ip", T, "port-verdicts", "{ 23 : jump intruder }")
-	nft(t, ns, "add", "rule", "ip", T, "services", "ip saddr vmap { 192.0.2.3 : jump intruder, 192.0.2.4 : drop }")
-	nft(t, ns, "add", "rule", "ip", T, "svc-web", "ip saddr 192.0.2.5 jump { accept; }") // an anonymous chain
-
-	if _, err := Apply(conn, rs); err != nil {
-		t.Fatal(err)
-	}
-	want := Render(afterFullApply(rs, rs, "empty", "filter-input"))
-	if d := gocmp.Diff(want, listTable(t, ns, rs)); d != "" {
-		t.Errorf("listing after repair (-want +got):\n%s", d)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns, conn := nftNS(t)
+			rs := fullRuleset()
+			if _, err := Apply(conn, rs); err != nil {
+				t.Fatal(err)
+			}
+			tt.drift(t, ns, conn, rs.Table)
+			if _, err := Apply(conn, rs); err != nil {
+				t.Fatal(err)
+			}
+			want := Render(afterFullApply(rs, rs, tt.recreated...))
+			if d := gocmp.Diff(want, listTable(t, ns, rs)); d != "" {
+				t.Errorf("listing after repair (-want +got):\n%s", d)
+			}
+		})
 	}
 }
 

@@ -56,6 +56,9 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 //  5. add the sets and chains that are missing, in model order;
 //  6. add every set's elements, then every chain's rules, in model order.
 //
+// A table someone set flags on (dormant) is deleted and created again in
+// the same batch instead, losing the affinity state.
+//
 // Into a table that doesn't exist this sends what Render prints: sets, then
 // chains, in model order, which is the order `nft list table` prints them in.
 // Into an existing table the kernel keeps the objects that stay where they
@@ -118,24 +121,35 @@ func applyOnce(conn *nftables.Conn, rs *Ruleset, guarded bool) (Stats, error) {
 
 const boundChainPrefix = "__chain"
 
-// tableState is what the kernel holds of a table: its chains and named sets
-// in the kernel's order, and the ruleset generation they were read at.
+// tableState is what the kernel holds of a table: its flags, its chains and
+// named sets in the kernel's order, and the ruleset generation they were
+// read at.
 type tableState struct {
 	gen    uint32
+	flags  nftables.TableFlags
 	chains []*nftables.Chain
 	sets   []*nftables.Set
 }
 
-// readTable reads the table's chains and sets; none when it doesn't exist.
+// readTable reads the table's flags, chains and sets; none when it doesn't
+// exist.
 func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
 	gen, err := conn.GetGen()
 	if err != nil {
 		return nil, fmt.Errorf("get ruleset generation: %w", err)
 	}
 	k := &tableState{gen: gen.ID}
-	sets, err := conn.GetSets(t)
+	kt, err := conn.ListTableOfFamily(t.Name, t.Family)
 	if errors.Is(err, unix.ENOENT) {
 		return k, nil // no such table
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get table: %w", err)
+	}
+	k.flags = kt.Flags
+	sets, err := conn.GetSets(t)
+	if errors.Is(err, unix.ENOENT) {
+		return &tableState{gen: gen.ID}, nil // gone since; the generation will tell
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
@@ -167,6 +181,15 @@ func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
 // reconcile plans steps 1 to 5 of Apply; the sets of rs must be declared.
 func (b *batch) reconcile(k *tableState, rs *Ruleset) {
 	b.addTable()
+	if k.flags != 0 {
+		// Someone set flags on the table (dormant, most likely). Adding
+		// clears them, but the kernel refuses base chains in a batch that
+		// wakes a dormant table, so it's recreated from scratch instead:
+		// deleted, with the affinity state, and added again.
+		b.delTable()
+		b.addTable()
+		k = &tableState{}
+	}
 	if len(k.chains) > 0 {
 		b.flushTable()
 	}

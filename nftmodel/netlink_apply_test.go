@@ -98,6 +98,17 @@ func errorReply(errno unix.Errno, req netlink.Message) ([]netlink.Message, error
 	return nltest.Error(int(errno), []netlink.Message{req})
 }
 
+func (r *recorder) tableReply(req netlink.Message) ([]netlink.Message, error) {
+	if r.table == nil {
+		return errorReply(unix.ENOENT, req)
+	}
+	return []netlink.Message{nftMsg(r.t, unix.NFT_MSG_NEWTABLE, unix.NFPROTO_IPV4, req.Header.Sequence, []netlink.Attribute{
+		{Type: unix.NFTA_TABLE_NAME, Data: []byte(r.table.Table + "\x00")},
+		{Type: unix.NFTA_TABLE_FLAGS, Data: be32(uint32(r.flags))},
+		{Type: unix.NFTA_TABLE_USE, Data: be32(uint32(len(r.table.Chains)))},
+	})}, nil
+}
+
 // dump ends a dump's messages the way the kernel does.
 func dump(msgs []netlink.Message, seq uint32) ([]netlink.Message, error) {
 	msgs = append(msgs, netlink.Message{Header: netlink.Header{Sequence: seq}})
@@ -200,6 +211,7 @@ func TestApplyReconciles(t *testing.T) {
 	tests := []struct {
 		name      string
 		kernel    *Ruleset
+		flags     nftables.TableFlags
 		want      []string
 		wantStats Stats
 	}{
@@ -236,6 +248,18 @@ func TestApplyReconciles(t *testing.T) {
 			wantStats: Stats{Messages: 18, Elements: 1, Rules: 3, Chains: 5, Sets: 5},
 		},
 		{
+			name:   "dormant table: recreated",
+			kernel: desired,
+			flags:  nftables.TableFlagDormant,
+			want: []string{"BEGIN", "NEWTABLE", "DELTABLE", "NEWTABLE",
+				"NEWSET ports", "NEWSET affinity",
+				"NEWCHAIN pre", "NEWCHAIN svc",
+				"NEWSETELEM ports",
+				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
+				"END"},
+			wantStats: Stats{Messages: 13, Elements: 1, Rules: 3, Chains: 2, Sets: 2},
+		},
+		{
 			name:   "empty table: no rule flush",
 			kernel: &Ruleset{Family: IPv4, Table: "t"},
 			want: []string{"BEGIN", "NEWTABLE",
@@ -250,7 +274,7 @@ func TestApplyReconciles(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, conn := newRecorder(t)
-			r.table, r.gen = tt.kernel, 4711
+			r.table, r.flags, r.gen = tt.kernel, tt.flags, 4711
 			stats, err := Apply(conn, desired)
 			if err != nil {
 				t.Fatal(err)
@@ -291,7 +315,7 @@ func TestApplyRetriesStaleGeneration(t *testing.T) {
 		case msgType(req[0]) == "GETGEN":
 			return []netlink.Message{nftMsg(t, unix.NFT_MSG_NEWGEN, 0, req[0].Header.Sequence,
 				[]netlink.Attribute{{Type: unix.NFTA_GEN_ID, Data: be32(uint32(10 + len(gens)))}})}, nil
-		case msgType(req[0]) == "GETSET":
+		case msgType(req[0]) == "GETTABLE":
 			return errorReply(unix.ENOENT, req[0])
 		}
 		return nil, fmt.Errorf("unexpected request %s", msgType(req[0]))

@@ -20,6 +20,7 @@ type recorder struct {
 	batches [][]netlink.Message
 	sets    map[string]*Set
 	table   *Ruleset
+	flags   nftables.TableFlags // of table
 	gen     uint32
 }
 
@@ -44,6 +45,8 @@ func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {
 		return nil, nil
 	case msgType(req[0]) == "GETGEN":
 		return []netlink.Message{r.genReply(req[0])}, nil
+	case msgType(req[0]) == "GETTABLE":
+		return r.tableReply(req[0])
 	case msgType(req[0]) == "GETSET" && req[0].Header.Flags&netlink.Dump != 0:
 		return r.setsDump(req[0])
 	case msgType(req[0]) == "GETCHAIN":
@@ -88,7 +91,7 @@ var msgNames = map[int]string{
 	unix.NFT_MSG_NEWRULE: "NEWRULE", unix.NFT_MSG_DELRULE: "DELRULE",
 	unix.NFT_MSG_NEWSET: "NEWSET", unix.NFT_MSG_DELSET: "DELSET", unix.NFT_MSG_GETSET: "GETSET",
 	unix.NFT_MSG_NEWSETELEM: "NEWSETELEM", unix.NFT_MSG_DELSETELEM: "DELSETELEM",
-	unix.NFT_MSG_GETGEN: "GETGEN", unix.NFT_MSG_GETCHAIN: "GETCHAIN",
+	unix.NFT_MSG_GETGEN: "GETGEN", unix.NFT_MSG_GETCHAIN: "GETCHAIN", unix.NFT_MSG_GETTABLE: "GETTABLE",
 }
 
 func msgType(m netlink.Message) string {
