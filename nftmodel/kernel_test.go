@@ -291,17 +291,21 @@ func nft(t *testing.T, ns *netns.NS, args ...string) {
 }
 
 // setKeys returns the first key part of every element the kernel holds in
-// the named IPv4 set (addresses only).
+// the named set, whose key must start with an address.
 func setKeys(t *testing.T, conn *nftables.Conn, rs *Ruleset, set string) []netip.Addr {
 	t.Helper()
 	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
+	size := 4
+	if rs.Family == IPv6 {
+		table.Family, size = nftables.TableFamilyIPv6, 16
+	}
 	els, err := conn.GetSetElements(&nftables.Set{Table: table, Name: set})
 	if err != nil {
 		t.Fatalf("get elements of set %s: %v", set, err)
 	}
 	var out []netip.Addr
 	for _, e := range els {
-		a, _ := netip.AddrFromSlice(e.Key[:4])
+		a, _ := netip.AddrFromSlice(e.Key[:size])
 		out = append(out, a)
 	}
 	return out
@@ -322,41 +326,53 @@ func afterFullApply(applied, desired *Ruleset, recreated ...string) *Ruleset {
 // Apply recreates nothing, lists the same, and leaves the elements the packet
 // path put in the timeout sets (session affinity) where they are.
 func TestApplyAgainKeepsAffinity(t *testing.T) {
-	ns, conn := nftNS(t)
-	rs := fullRuleset()
-	first, err := Apply(conn, rs)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		rs     *Ruleset
+		client string // put in the set "affinity" between the two Applies
+	}{
+		{fullRuleset(), "10.0.0.1"},
+		{full6Ruleset(), "fd00::1"},
 	}
-	listed := listTable(t, ns, rs)
-	nft(t, ns, "add", "element", "ip", rs.Table, "affinity", "{ 10.0.0.1 }")
+	for _, tt := range tests {
+		rs := tt.rs
+		t.Run(rs.Family.String(), func(t *testing.T) {
+			ns, conn := nftNS(t)
+			first, err := Apply(conn, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			listed := listTable(t, ns, rs)
+			element := "{ " + tt.client + " }"
+			nft(t, ns, "add", "element", rs.Family.String(), rs.Table, "affinity", element)
 
-	second, err := Apply(conn, rs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("first Apply: %+v", first)
-	t.Logf("second Apply: %+v", second)
-	// Nothing deleted or added: only the sets without a timeout are
-	// flushed, and the rules of the whole table in one message.
-	flushed := 0
-	for _, s := range rs.Sets {
-		if s.Timeout == 0 {
-			flushed++
-		}
-	}
-	if second.Chains != 0 || second.Sets != flushed || second.Elements != first.Elements || second.Rules != first.Rules {
-		t.Errorf("second Apply %+v: want no chain touched, %d sets flushed, all elements and rules again", second, flushed)
-	}
-	if want := first.Messages - len(rs.Sets) - len(rs.Chains) + flushed + 1; second.Messages != want {
-		t.Errorf("second Apply sent %d messages, want %d", second.Messages, want)
-	}
-	if got := setKeys(t, conn, rs, "affinity"); !slices.Equal(got, []netip.Addr{ip("10.0.0.1")}) {
-		t.Errorf("affinity set holds %v after the second Apply, want 10.0.0.1 kept", got)
-	}
-	nft(t, ns, "delete", "element", "ip", rs.Table, "affinity", "{ 10.0.0.1 }")
-	if d := gocmp.Diff(listed, listTable(t, ns, rs)); d != "" {
-		t.Errorf("second Apply changed the listing (-first +second):\n%s", d)
+			second, err := Apply(conn, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("first Apply: %+v", first)
+			t.Logf("second Apply: %+v", second)
+			// Nothing deleted or added: only the sets without a timeout
+			// are flushed, and the rules of the whole table in one message.
+			flushed := 0
+			for _, s := range rs.Sets {
+				if s.Timeout == 0 {
+					flushed++
+				}
+			}
+			if second.Chains != 0 || second.Sets != flushed || second.Elements != first.Elements || second.Rules != first.Rules {
+				t.Errorf("second Apply %+v: want no chain touched, %d sets flushed, all elements and rules again", second, flushed)
+			}
+			if want := first.Messages - len(rs.Sets) - len(rs.Chains) + flushed + 1; second.Messages != want {
+				t.Errorf("second Apply sent %d messages, want %d", second.Messages, want)
+			}
+			if got := setKeys(t, conn, rs, "affinity"); !slices.Equal(got, []netip.Addr{ip(tt.client)}) {
+				t.Errorf("affinity set holds %v after the second Apply, want %s kept", got, tt.client)
+			}
+			nft(t, ns, "delete", "element", rs.Family.String(), rs.Table, "affinity", element)
+			if d := gocmp.Diff(listed, listTable(t, ns, rs)); d != "" {
+				t.Errorf("second Apply changed the listing (-first +second):\n%s", d)
+			}
+		})
 	}
 }
 
