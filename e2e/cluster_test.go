@@ -895,14 +895,17 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 
 func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 	const period = 2 * time.Second
-	s := newClusterScenario(t, env, "e2e-drift", "--sync-period", period.String())
+	parent := newClusterScenario(t, env, "e2e-drift", "--sync-period", period.String())
 	vip := netip.MustParseAddrPort("10.96.25.10:80")
 	np := netip.AddrPortFrom(netns.NodeAddr, 30250)
-	s.service("web", vip.Addr().String(), int32(np.Port()))
-	a0, n0 := s.pods(0)
-	s.slice("web", "web-a", a0...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n0) })
-	want := s.ruleset()
+	parent.service("web", vip.Addr().String(), int32(np.Port()))
+	a0, n0 := parent.pods(0)
+	parent.slice("web", "web-a", a0...)
+	parent.eventually("service", func() error { return parent.answeredBy(vip, n0) })
+	// A repaired table holds the same chains and sets, but the kernel lists
+	// the ones the repair recreated after those that stayed (and a recreated
+	// table after the other family's): compare them in name order.
+	want := clusterSortedBlocks(parent.ruleset())
 
 	tests := []struct {
 		name string
@@ -918,11 +921,13 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			s := *parent
+			s.t = t
 			syncs := s.d.Syncs()
 			if _, err := s.topo.Node.Exec(append([]string{"nft"}, tt.nft...)...); err != nil {
 				t.Fatal(err)
 			}
-			tampered := s.ruleset()
+			tampered := clusterSortedBlocks(s.ruleset())
 			name, askErr := s.topo.Client.AskTCP(s.ctx, tt.broken)
 			// A periodic sync may repair it before we look; only then may
 			// the tampering be invisible.
@@ -935,8 +940,8 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 				}
 			}
 			took := s.eventually("repair", func() error {
-				if diff := cmp.Diff(want, s.ruleset()); diff != "" {
-					return fmt.Errorf("ruleset (-want +got):\n%s", diff)
+				if diff := cmp.Diff(want, clusterSortedBlocks(s.ruleset())); diff != "" {
+					return fmt.Errorf("ruleset, chains and sets in name order (-want +got):\n%s", diff)
 				}
 				return nil
 			})
@@ -949,5 +954,107 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 				}
 			}
 		})
+	}
+}
+
+// clusterSortedBlocks returns an nft listing with its tables, and the
+// chains, sets and maps of each table, in name order; their contents are
+// left as listed.
+func clusterSortedBlocks(listing string) string {
+	var tables, table, blocks, cur []string
+	depth := 0
+	for line := range strings.SplitSeq(strings.TrimRight(listing, "\n"), "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case depth >= 2:
+			cur = append(cur, line)
+			if strings.HasSuffix(trimmed, "{") {
+				depth++
+			} else if trimmed == "}" {
+				if depth--; depth == 1 {
+					blocks = append(blocks, strings.Join(cur, "\n"))
+					cur = nil
+				}
+			}
+		case depth == 1 && strings.HasSuffix(trimmed, "{"):
+			cur, depth = []string{line}, 2
+		case depth == 1 && trimmed == "}":
+			slices.Sort(blocks)
+			table = append(append(table, blocks...), line)
+			tables = append(tables, strings.Join(table, "\n"))
+			table, blocks, depth = nil, nil, 0
+		case depth == 1 && trimmed == "":
+			// Blank lines between blocks go with the order.
+		default:
+			table = append(table, line)
+			if strings.HasSuffix(trimmed, "{") {
+				depth = 1
+			}
+		}
+	}
+	slices.Sort(tables)
+	return strings.Join(append(tables, table...), "\n")
+}
+
+func TestClusterSortedBlocks(t *testing.T) {
+	a := `table ip nftproxy {
+	map service-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.96.0.10 . tcp . 80 : goto cluster-ip-1 }
+	}
+
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		jump services
+	}
+}
+table ip6 nftproxy {
+	chain b {
+	}
+
+	chain a {
+	}
+}
+`
+	b := `table ip nftproxy {
+	map service-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.96.0.10 . tcp . 80 : goto cluster-ip-1 }
+	}
+
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		jump services
+	}
+
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+}
+table ip6 nftproxy {
+	chain a {
+	}
+
+	chain b {
+	}
+}
+`
+	// The kernel lists a recreated table last.
+	b = b[strings.Index(b, "table ip6"):] + b[:strings.Index(b, "table ip6")]
+	if diff := cmp.Diff(clusterSortedBlocks(a), clusterSortedBlocks(b)); diff != "" {
+		t.Errorf("same blocks in another order (-a +b):\n%s", diff)
+	}
+	changed := strings.Replace(b, "jump services\n\t}\n\n\tchain nat-prerouting", "accept\n\t}\n\n\tchain nat-prerouting", 1)
+	if clusterSortedBlocks(a) == clusterSortedBlocks(changed) {
+		t.Error("a changed rule went unnoticed")
+	}
+	if got := strings.Count(clusterSortedBlocks(a), "chain "); got != 4 {
+		t.Errorf("%d chains after sorting, want 4:\n%s", got, clusterSortedBlocks(a))
 	}
 }
