@@ -43,7 +43,8 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 
 // Apply makes the table (rs.Family, rs.Table) hold exactly rs, in one batch,
 // repairing whatever drifted from it, without recreating what is already
-// right. It reads the table's chains and sets (one dump each), then sends:
+// right. It reads the ruleset generation, the table, its sets and its chains
+// (one request each, no rules or elements), then sends:
 //
 //  1. add the table (a no-op when it exists);
 //  2. flush every rule of the table, so nothing references a set or chain;
@@ -119,8 +120,6 @@ func applyOnce(conn *nftables.Conn, rs *Ruleset, guarded bool) (Stats, error) {
 	return b.send("apply", gen)
 }
 
-const boundChainPrefix = "__chain"
-
 // tableState is what the kernel holds of a table: its flags, its chains and
 // named sets in the kernel's order, and the ruleset generation they were
 // read at.
@@ -177,6 +176,10 @@ func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
 	}
 	return k, nil
 }
+
+// boundChainPrefix starts the names the kernel gives the anonymous chains
+// bound to a rule.
+const boundChainPrefix = "__chain"
 
 // reconcile plans steps 1 to 5 of Apply; the sets of rs must be declared.
 func (b *batch) reconcile(k *tableState, rs *Ruleset) {
