@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/k8s"
+)
+
+// daemonSyncTimeout bounds the wait for the daemon's first sync.
+const daemonSyncTimeout = 3 * time.Minute
+
+// daemonPhase runs the real daemon, `nftproxy run --manifests DIR`, on
+// generated manifests in a fresh namespace at each size and records its
+// resident memory once the first sync is done, and how long that took from
+// exec (reading and decoding the manifests included).
+func daemonPhase(res *Results, o *options) error {
+	if _, err := os.Stat(o.nftproxy); err != nil {
+		for _, n := range o.sizes {
+			res.skip(n, metricDaemonRSS, methodDaemon, "no nftproxy binary (make build)")
+		}
+		return nil
+	}
+	for _, n := range o.sizes {
+		if n > o.daemonMax {
+			res.skip(n, metricDaemonRSS, methodDaemon, fmt.Sprintf("not run above %d services (--daemon-max)", o.daemonMax))
+			continue
+		}
+		logf("daemon, %d services", n)
+		rss, peak, start, err := daemonRSS(o.nftproxy, n)
+		if err != nil {
+			return fmt.Errorf("%d services: %w", n, err)
+		}
+		res.add(n, metricDaemonRSS, methodDaemon, rss)
+		res.add(n, metricDaemonPeak, methodDaemon, peak)
+		res.add(n, metricDaemonStart, methodDaemon, start)
+	}
+	return nil
+}
+
+func daemonRSS(binary string, n int) (rssMiB, peakMiB, startMS float64, err error) {
+	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("make manifest directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := writeManifests(filepath.Join(dir, "services.yaml"), snapshot(n, nil)); err != nil {
+		return 0, 0, 0, err
+	}
+	err = freshNS(func(ns *netns.NS) error {
+		var log lockedBuffer
+		cmd := exec.Command("ip", "netns", "exec", ns.Name(), binary, "run", "--manifests", dir,
+			"--hostname-override", "node-1", "--node-ip", netns.NodeAddr.String(), "--cluster-cidr", clusterCIDR.String())
+		cmd.Stdout, cmd.Stderr = &log, &log
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start nftproxy: %w", err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		defer func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), daemonSyncTimeout)
+		defer cancel()
+		// The daemon logs one JSON line per sync; the first one ends start-up.
+		for !strings.Contains(log.String(), `"msg":"Synced"`) {
+			select {
+			case <-done:
+				return fmt.Errorf("nftproxy exited before its first sync: %s", firstLines(log.String(), 5))
+			case <-ctx.Done():
+				return fmt.Errorf("wait for nftproxy's first sync: %w", ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		startMS = ms(time.Since(start))
+		// `ip netns exec` execs the daemon, so the pid is the daemon's. The
+		// runtime returns the first sync's garbage to the system over a few
+		// seconds: wait until the resident size settles.
+		prev := 0
+		for range 15 {
+			time.Sleep(time.Second)
+			st, err := procStatus(cmd.Process.Pid)
+			if err != nil {
+				return err
+			}
+			rssMiB, peakMiB = float64(st["VmRSS"])/1024, float64(st["VmHWM"])/1024
+			if prev > 0 && abs(st["VmRSS"]-prev) < prev/50 {
+				break
+			}
+			prev = st["VmRSS"]
+		}
+		return nil
+	})
+	return rssMiB, peakMiB, startMS, err
+}
+
+func abs(x int) int { return max(x, -x) }
+
+// procStatus reads the kB fields of a process's /proc status (VmRSS, VmHWM).
+func procStatus(pid int) (map[string]int, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, fmt.Errorf("read process status: %w", err)
+	}
+	defer f.Close()
+	out := map[string]int{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if v, unit := strings.CutSuffix(strings.TrimSpace(v), " kB"); ok && unit {
+			if n, err := strconv.Atoi(v); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	if _, ok := out["VmRSS"]; !ok {
+		return nil, errors.New("read process status: no VmRSS")
+	}
+	return out, nil
+}
+
+// writeManifests writes the snapshot's services as Service and EndpointSlice
+// manifests, in one file.
+func writeManifests(path string, snap *k8s.Snapshot) error {
+	var b bytes.Buffer
+	for _, sp := range snap.Services {
+		typ, nodePortLine := "ClusterIP", ""
+		if sp.NodePort != 0 {
+			typ, nodePortLine = "NodePort", fmt.Sprintf("\n    nodePort: %d", sp.NodePort)
+		}
+		fmt.Fprintf(&b, `apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  type: %[3]s
+  clusterIP: %[4]s
+  clusterIPs: [%[4]s]
+  ports:
+  - name: %[5]s
+    protocol: TCP
+    port: %[6]d
+    targetPort: %[7]d%[8]s
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %[1]s-bench
+  namespace: %[2]s
+  labels:
+    kubernetes.io/service-name: %[1]s
+    endpointslice.kubernetes.io/managed-by: nftproxy-bench
+addressType: IPv4
+ports:
+- name: %[5]s
+  protocol: TCP
+  port: %[7]d
+endpoints:
+`, sp.Name.Name, sp.Name.Namespace, typ, sp.ClusterIPs[0], sp.Name.Port, sp.Port, endpointPort, nodePortLine)
+		for _, e := range sp.Endpoints {
+			fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: true, serving: true, terminating: false}\n", e.Addr)
+		}
+		b.WriteString("---\n")
+	}
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write manifests: %w", err)
+	}
+	return nil
+}
+
+// lockedBuffer collects a process's output while another goroutine reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// nsPrefix starts the names of the benchmark's namespaces, so a killed run's
+// leftovers are found by netns.CleanupStale.
+const nsPrefix = "npb"
+
+// toolTimeout bounds one run of an external tool; the slow ones are capped
+// by size beforehand, this only keeps a surprise from hanging the run.
+const toolTimeout = 5 * time.Minute
+
+// timeTool runs a tool inside ns with input on its standard input and
+// returns how long it took, process start-up and exit included (what a
+// proxy that shells out pays). The child is forked from a thread switched
+// into the namespace, which costs less than `ip netns exec` and adds
+// nothing to the measurement.
+func timeTool(ns *netns.NS, input string, args ...string) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Stdin = strings.NewReader(input)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	var start time.Time
+	err := ns.Do(func() error {
+		start = time.Now()
+		return cmd.Start()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start %s: %w", args[0], err)
+	}
+	err = cmd.Wait()
+	took := time.Since(start)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return took, fmt.Errorf("run %s: %w after %s", args[0], errTimeout, toolTimeout)
+	}
+	if err != nil {
+		return took, fmt.Errorf("run %s: %w: %s", args[0], err, firstLines(out.String(), 5))
+	}
+	return took, nil
+}
+
+var errTimeout = errors.New("timed out")
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(strings.TrimSpace(s), "\n", n+1)
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// freshNS runs fn in a new namespace and removes the namespace afterwards.
+func freshNS(fn func(ns *netns.NS) error) error {
+	ns, err := netns.Create(nsPrefix)
+	if err != nil {
+		return err
+	}
+	err = fn(ns)
+	if cerr := ns.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return err
+}
+
+// logf prints progress on standard error.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}

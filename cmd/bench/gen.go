@@ -1,0 +1,263 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// The benchmark's services: N TCP services, each with three ready endpoints
+// on port 8080 and a ClusterIP in 10.96.0.0/16; one in twenty has a NodePort
+// (the NodePort range holds only 2,768 ports). Endpoints have addresses of
+// their own in 10.128.0.0/10, except in the dataplane run, where the first
+// and the last service point at the topology's real pods.
+const (
+	endpointsPerService = 3
+	nodePortEvery       = 20
+	servicePort         = 80
+	endpointPort        = 8080
+)
+
+// clusterCIDR is where pods live: ClusterIP traffic from elsewhere is
+// masqueraded, in both proxies.
+var clusterCIDR = netns.ClusterCIDR
+
+var compileConfig = proxier.Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{clusterCIDR}}
+
+func serviceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
+
+func clusterIP(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})
+}
+
+// nodePort returns the service's NodePort, 0 for none.
+func nodePort(i int) uint16 {
+	if i%nodePortEvery != 0 {
+		return 0
+	}
+	return uint16(30000 + i/nodePortEvery)
+}
+
+// endpointAddr returns the n-th address of 10.128.0.0/10.
+func endpointAddr(n uint32) netip.Addr {
+	v := uint32(10)<<24 | 128<<16 + n
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func endpoint(a netip.Addr) k8s.Endpoint {
+	return k8s.Endpoint{Addr: a, Port: endpointPort, Ready: true, Serving: true}
+}
+
+// service returns the i-th service port with its own three endpoints.
+func service(i int) k8s.ServicePort {
+	sp := k8s.ServicePort{
+		Name:       k8s.ServicePortName{Namespace: "default", Name: serviceName(i), Port: "http", Protocol: k8s.TCP},
+		ClusterIPs: []netip.Addr{clusterIP(i)},
+		Port:       servicePort,
+		NodePort:   nodePort(i),
+	}
+	for j := range endpointsPerService {
+		sp.Endpoints = append(sp.Endpoints, endpoint(endpointAddr(uint32(endpointsPerService*i+j+1))))
+	}
+	return sp
+}
+
+// snapshot returns n services, sorted by name as the tracker sorts them.
+// Services listed in real point at the given pod addresses instead.
+func snapshot(n int, real map[int][]netip.Addr) *k8s.Snapshot {
+	snap := &k8s.Snapshot{Services: make([]k8s.ServicePort, n), Node: k8s.Node{Name: "node-1"}}
+	for i := range n {
+		snap.Services[i] = service(i)
+		if pods, ok := real[i]; ok {
+			snap.Services[i].Endpoints = nil
+			for _, a := range pods {
+				snap.Services[i].Endpoints = append(snap.Services[i].Endpoints, endpoint(a))
+			}
+		}
+	}
+	return snap
+}
+
+// withEndpointChanged returns snap where the last endpoint of service i has
+// the address to (the endpoint count stays the same). Only the changed
+// service's endpoint list is copied, as the tracker does.
+func withEndpointChanged(snap *k8s.Snapshot, i int, to netip.Addr) *k8s.Snapshot {
+	next := &k8s.Snapshot{Services: append([]k8s.ServicePort(nil), snap.Services...), Node: snap.Node}
+	eps := append([]k8s.Endpoint(nil), next.Services[i].Endpoints...)
+	eps[len(eps)-1] = endpoint(to)
+	next.Services[i].Endpoints = eps
+	return next
+}
+
+// withServiceAdded returns snap with service i added. Its name sorts last
+// when i is beyond the services snap holds.
+func withServiceAdded(snap *k8s.Snapshot, i int) *k8s.Snapshot {
+	next := &k8s.Snapshot{Services: make([]k8s.ServicePort, 0, len(snap.Services)+1), Node: snap.Node}
+	next.Services = append(append(next.Services, snap.Services...), service(i))
+	return next
+}
+
+// iptService is one service as kube-proxy's iptables mode sees it.
+type iptService struct {
+	name      string // namespace/name:port
+	ip        netip.Addr
+	port      uint16
+	nodePort  uint16
+	endpoints []netip.AddrPort
+}
+
+func iptServices(snap *k8s.Snapshot) []iptService {
+	out := make([]iptService, len(snap.Services))
+	for i, sp := range snap.Services {
+		s := iptService{name: sp.Name.String(), ip: sp.ClusterIPs[0], port: sp.Port, nodePort: sp.NodePort}
+		for _, e := range sp.Endpoints {
+			s.endpoints = append(s.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// chainHash names per-service chains the way kube-proxy does: a prefix and
+// 16 characters of base32(sha256(what)).
+func chainHash(prefix, what string) string {
+	sum := sha256.Sum256([]byte(what))
+	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
+
+func (s *iptService) svcChain() string { return chainHash("KUBE-SVC-", s.name+"tcp") }
+func (s *iptService) extChain() string { return chainHash("KUBE-EXT-", s.name+"tcp") }
+func sepChain(s *iptService, ep netip.AddrPort) string {
+	return chainHash("KUBE-SEP-", s.name+"tcp"+ep.String())
+}
+
+// iptablesRestore is the input kube-proxy's iptables mode gives
+// iptables-restore for these services, in its large-cluster form (more than
+// 1,000 endpoints: no comments on per-endpoint rules).
+type iptablesRestore struct {
+	// jumps adds the rules that hook kube-proxy's chains into the built-in
+	// ones; kube-proxy adds those once with `iptables -I`, outside the
+	// restore, so only the first load of a fresh namespace carries them.
+	jumps bool
+	// only lists the services whose chains are written; nil writes every
+	// service's chains (a full sync). kube-proxy's partial sync rewrites
+	// the top-level chains in full but only the chains of changed services.
+	only map[int]bool
+	// stale names chains to delete (a removed endpoint's KUBE-SEP).
+	stale []string
+}
+
+// text renders the restore input for services.
+func (r iptablesRestore) text(services []iptService) string {
+	var b strings.Builder
+	b.Grow(len(services) * 1200)
+	cidr := clusterCIDR.String()
+
+	b.WriteString("*filter\n")
+	for _, c := range []string{"KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-SERVICES"} {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	if r.jumps {
+		b.WriteString(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+`)
+	}
+	b.WriteString(`-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+*nat
+`)
+	for _, c := range []string{"KUBE-MARK-MASQ", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-SERVICES"} {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	write := func(i int) bool { return r.only == nil || r.only[i] }
+	for i := range services {
+		if !write(i) {
+			continue
+		}
+		s := &services[i]
+		fmt.Fprintf(&b, ":%s - [0:0]\n", s.svcChain())
+		if s.nodePort != 0 {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", s.extChain())
+		}
+		for _, ep := range s.endpoints {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", sepChain(s, ep))
+		}
+	}
+	for _, c := range r.stale {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	if r.jumps {
+		b.WriteString(`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+`)
+	}
+	b.WriteString(`-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+`)
+	// The top-level chains, always written in full.
+	for i := range services {
+		s := &services[i]
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j %s\n",
+			s.ip, s.name, s.port, s.svcChain())
+	}
+	for i := range services {
+		s := &services[i]
+		if s.nodePort != 0 {
+			fmt.Fprintf(&b, "-A KUBE-NODEPORTS -p tcp -m comment --comment \"%s\" -m tcp --dport %d -j %s\n",
+				s.name, s.nodePort, s.extChain())
+		}
+	}
+	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
+	// Per-service chains.
+	for i := range services {
+		if !write(i) {
+			continue
+		}
+		s := &services[i]
+		svc := s.svcChain()
+		if s.nodePort != 0 {
+			ext := s.extChain()
+			fmt.Fprintf(&b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, s.name)
+			fmt.Fprintf(&b, "-A %s -j %s\n", ext, svc)
+		}
+		fmt.Fprintf(&b, "-A %s ! -s %s -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j KUBE-MARK-MASQ\n",
+			svc, cidr, s.ip, s.name, s.port)
+		for j, ep := range s.endpoints {
+			left := len(s.endpoints) - j
+			if left > 1 {
+				fmt.Fprintf(&b, "-A %s -m statistic --mode random --probability %0.11f -j %s\n", svc, 1/float64(left), sepChain(s, ep))
+			} else {
+				fmt.Fprintf(&b, "-A %s -j %s\n", svc, sepChain(s, ep))
+			}
+		}
+		for _, ep := range s.endpoints {
+			sep := sepChain(s, ep)
+			fmt.Fprintf(&b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ep.Addr())
+			fmt.Fprintf(&b, "-A %s -p tcp -m tcp -j DNAT --to-destination %s\n", sep, ep)
+		}
+	}
+	for _, c := range r.stale {
+		fmt.Fprintf(&b, "-X %s\n", c)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+)
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	CPU      string            `json:"cpu"`
+	CPUs     int               `json:"cpus"`
+	MemoryMi int               `json:"memory_mib"`
+	Kernel   string            `json:"kernel"`
+	OS       string            `json:"os"`
+	Go       string            `json:"go"`
+	Tools    map[string]string `json:"tools"`
+	Nftables string            `json:"google_nftables"`
+}
+
+func describeMachine() (Machine, error) {
+	mc := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: map[string]string{}}
+	var uts syscall.Utsname
+	if err := syscall.Uname(&uts); err != nil {
+		return mc, fmt.Errorf("uname: %w", err)
+	}
+	mc.Kernel = cString(uts.Release[:])
+	mc.CPU = procField("/proc/cpuinfo", "model name")
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err == nil {
+		mc.MemoryMi = int(si.Totalram * uint64(si.Unit) >> 20)
+	}
+	mc.OS = strings.Trim(procField("/etc/os-release", "PRETTY_NAME"), `"`)
+	for _, tool := range [][]string{
+		{"nft", "--version"},
+		{"iptables-legacy-restore", "--version"},
+		{"iptables-nft-restore", "--version"},
+		{"ip", "-V"},
+	} {
+		out, err := exec.Command(tool[0], tool[1:]...).CombinedOutput()
+		if err != nil {
+			return mc, fmt.Errorf("find %s (install nftables, iptables and iproute2): %w", tool[0], err)
+		}
+		mc.Tools[tool[0]] = strings.TrimSpace(string(out))
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/google/nftables" {
+				mc.Nftables = d.Version
+			}
+		}
+	}
+	return mc, nil
+}
+
+// procField returns the value of the first "key: value" or "key=value" line.
+func procField(path, key string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			k, v, ok = strings.Cut(sc.Text(), "=")
+		}
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func cString(b []int8) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s.WriteByte(byte(c))
+	}
+	return s.String()
+}
+
+// loadAverage returns the 1, 5 and 15 minute load averages: other work on
+// the machine shows in the timings.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+type options struct {
+	quick      bool
+	sizes      []int
+	runs       int
+	phases     []string
+	docs       string
+	render     string
+	results    string
+	nftproxy   string
+	iptNftSync int // largest size iptables-nft-restore loads in full
+	iptNftUpd  int // largest size iptables-nft-restore updates are timed at
+	samples    int // connect samples per target
+	daemonMax  int // largest size the daemon is started at
+
+	childSync     int
+	childNetns    string
+	childMemstats bool
+}
+
+var allPhases = []string{"sync", "updates", "dataplane", "daemon", "gobench"}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.BoolVar(&o.quick, "quick", false, "stop at 10,000 services")
+	sizes := fs.String("sizes", "", "comma-separated service counts (default 1000,5000,10000,30000,50000; --quick stops at 10000)")
+	fs.IntVar(&o.runs, "runs", 3, "runs of each measurement; tables show the minimum and the median")
+	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure: "+strings.Join(allPhases, ","))
+	fs.StringVar(&o.docs, "docs", "docs", "directory benchmarks.md and the plots are written to")
+	fs.StringVar(&o.render, "render", "", "only rewrite the docs from this results file")
+	fs.StringVar(&o.results, "results", "cmd/bench/results.json", "file the raw results are written to")
+	fs.StringVar(&o.nftproxy, "nftproxy", "bin/nftproxy", "the nftproxy binary, for the daemon's resident memory")
+	fs.IntVar(&o.iptNftSync, "iptables-nft-max-sync", 30000, "largest size iptables-nft-restore loads in full")
+	fs.IntVar(&o.iptNftUpd, "iptables-nft-max-update", 5000, "largest size iptables-nft-restore updates are timed at")
+	fs.IntVar(&o.samples, "samples", 300, "TCP connects timed per target service")
+	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
+	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
+	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
+	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if o.childSync > 0 {
+		return childSync(o.childSync, o.childNetns, o.childMemstats)
+	}
+	var err error
+	if o.sizes, err = parseSizes(*sizes, o.quick); err != nil {
+		return err
+	}
+	o.phases = strings.Split(*phases, ",")
+	for _, p := range o.phases {
+		if !slices.Contains(allPhases, p) {
+			return fmt.Errorf("unknown phase %q, want some of %s", p, strings.Join(allPhases, ","))
+		}
+	}
+	if o.render != "" {
+		res, err := loadResults(o.render)
+		if err != nil {
+			return err
+		}
+		return writeDocs(res, o.docs)
+	}
+	if reason := netns.Usable(); reason != "" {
+		return fmt.Errorf("cannot run: %s", reason)
+	}
+	if _, err := netns.CleanupStale(nsPrefix); err != nil {
+		logf("removing stale namespaces: %v", err)
+	}
+	res, err := measure(&o)
+	if res == nil {
+		return err
+	}
+	path := o.results
+	if serr := res.save(path); serr != nil {
+		return errors.Join(err, serr)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (partial results in %s)", err, path)
+	}
+	return writeDocs(res, o.docs)
+}
+
+func parseSizes(s string, quick bool) ([]int, error) {
+	if s == "" {
+		if quick {
+			return []int{1000, 5000, 10000}, nil
+		}
+		return []int{1000, 5000, 10000, 30000, 50000}, nil
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2*nodePortEvery || n > 60000 {
+			return nil, fmt.Errorf("parse sizes: %q is not a service count in %d..60000", f, 2*nodePortEvery)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// measure runs every phase at every size, smallest first, and returns what
+// it measured even when a phase fails.
+func measure(o *options) (*Results, error) {
+	res := &Results{Started: time.Now().UTC(), Quick: o.quick, Runs: o.runs, Sizes: o.sizes}
+	var err error
+	if res.Machine, err = describeMachine(); err != nil {
+		return nil, err
+	}
+	res.Load = append(res.Load, loadAverage())
+	has := func(p string) bool { return slices.Contains(o.phases, p) }
+	start := time.Now()
+	defer func() { res.Duration = time.Since(start).Round(time.Second).String() }()
+	for _, n := range o.sizes {
+		if has("sync") {
+			if err := syncPhase(res, o, n); err != nil {
+				return res, fmt.Errorf("full syncs of %d services: %w", n, err)
+			}
+		}
+		if has("updates") {
+			if err := updatePhase(res, o, n); err != nil {
+				return res, fmt.Errorf("updates at %d services: %w", n, err)
+			}
+		}
+	}
+	if has("dataplane") {
+		if err := dataplanePhase(res, o); err != nil {
+			return res, fmt.Errorf("dataplane: %w", err)
+		}
+	}
+	if has("daemon") {
+		if err := daemonPhase(res, o); err != nil {
+			return res, fmt.Errorf("daemon: %w", err)
+		}
+	}
+	if has("gobench") {
+		if err := goBenchPhase(res); err != nil {
+			return res, err
+		}
+	}
+	res.Load = append(res.Load, loadAverage())
+	return res, nil
+}
+
+func syncPhase(res *Results, o *options, n int) error {
+	logf("full sync, %d services: nftproxy", n)
+	if err := fullSyncNftproxy(res, n, o.runs); err != nil {
+		return err
+	}
+	logf("full sync, %d services: nft -f", n)
+	if err := fullSyncNftText(res, n, o.runs); err != nil {
+		return err
+	}
+	logf("full sync, %d services: %s", n, legacy.restore)
+	if err := fullSyncIptables(res, legacy, n, o.runs); err != nil {
+		return err
+	}
+	if n > o.iptNftSync {
+		res.skip(n, metricFullSync, iptNft.full, fmt.Sprintf("not run above %d services (--iptables-nft-max-sync)", o.iptNftSync))
+		return nil
+	}
+	runs := o.runs
+	if n > 10000 {
+		runs = 1 // minutes each
+	}
+	logf("full sync, %d services: %s (%d runs)", n, iptNft.restore, runs)
+	return fullSyncIptables(res, iptNft, n, runs)
+}
+
+func updatePhase(res *Results, o *options, n int) error {
+	logf("updates, %d services: nftproxy and nft -f", n)
+	if err := nftproxyUpdates(res, n, o.runs); err != nil {
+		return err
+	}
+	logf("updates, %d services: %s", n, legacy.restore)
+	if err := iptablesUpdates(res, legacy, n, o.runs); err != nil {
+		return err
+	}
+	if n > o.iptNftUpd {
+		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-update)", o.iptNftUpd)
+		for _, metric := range []string{metricEndpointChange, metricServiceAdded} {
+			res.skip(n, metric, iptNft.full, why)
+			res.skip(n, metric, iptNft.partial, why)
+		}
+		return nil
+	}
+	logf("updates, %d services: %s", n, iptNft.restore)
+	return iptablesUpdates(res, iptNft, n, 1)
+}

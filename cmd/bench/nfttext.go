@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// changesScript writes c as one nft script, in the order ApplyChanges sends
+// it, so `nft -f` applies the same change in one transaction. New sets and
+// rewritten chains are declared through nftmodel.Render; elements are
+// written here, since the model renders them only inside whole sets.
+func changesScript(f m.Family, table string, c *m.Changes) string {
+	var b strings.Builder
+	exists := map[string]bool{}
+	for _, ch := range c.AddChains {
+		exists[ch.Name] = true
+	}
+	for _, se := range c.DelElements {
+		writeElements(&b, "delete", f, table, se, false)
+	}
+	for _, ch := range c.RewriteChains {
+		if !exists[ch.Name] {
+			fmt.Fprintf(&b, "flush chain %s %s %s\n", f, table, ch.Name)
+		}
+	}
+	if len(c.AddSets) > 0 || len(c.RewriteChains) > 0 {
+		b.WriteString(m.Render(&m.Ruleset{Family: f, Table: table, Sets: c.AddSets, Chains: c.RewriteChains}))
+	}
+	for _, name := range c.DelChains {
+		fmt.Fprintf(&b, "flush chain %s %s %s\n", f, table, name)
+	}
+	for _, se := range c.AddElements {
+		writeElements(&b, "add", f, table, se, true)
+	}
+	for _, name := range c.DelSets {
+		fmt.Fprintf(&b, "delete set %s %s %s\n", f, table, name)
+	}
+	for _, name := range c.DelChains {
+		fmt.Fprintf(&b, "delete chain %s %s %s\n", f, table, name)
+	}
+	return b.String()
+}
+
+func writeElements(b *strings.Builder, verb string, f m.Family, table string, se m.SetElements, values bool) {
+	fmt.Fprintf(b, "%s element %s %s %s { ", verb, f, table, se.Set)
+	for i, e := range se.Elements {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(nftValues(se.Key, e.Key))
+		if !values {
+			continue
+		}
+		if e.Comment != "" {
+			fmt.Fprintf(b, " comment %q", e.Comment)
+		}
+		switch {
+		case e.Verdict != nil:
+			b.WriteString(" : " + nftVerdict(*e.Verdict))
+		case len(se.Data) > 0:
+			b.WriteString(" : " + nftValues(se.Data, e.Data))
+		}
+	}
+	b.WriteString(" }\n")
+}
+
+func nftValues(types []m.DataType, vals []m.Value) string {
+	parts := make([]string, len(vals))
+	for i, v := range vals {
+		switch types[i] {
+		case m.TypeIPv4Addr, m.TypeIPv6Addr:
+			parts[i] = v.Addr.String()
+		case m.TypeInetProto:
+			parts[i] = map[uint32]string{6: "tcp", 17: "udp", 132: "sctp"}[v.Num]
+		default:
+			parts[i] = fmt.Sprint(v.Num)
+		}
+	}
+	return strings.Join(parts, " . ")
+}
+
+func nftVerdict(v m.Verdict) string {
+	switch v.Kind {
+	case m.Accept:
+		return "accept"
+	case m.Drop:
+		return "drop"
+	case m.Return:
+		return "return"
+	case m.Jump:
+		return "jump " + v.Chain
+	default:
+		return "goto " + v.Chain
+	}
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+)
+
+// Metrics: what was measured. Each record is one (size, metric, method).
+const (
+	metricFullSync       = "full-sync"       // ms, fresh namespace
+	metricFullSyncRSS    = "full-sync-rss"   // MiB, peak RSS of the syncing process
+	metricFullSyncCPU    = "full-sync-cpu"   // ms, user+system CPU of the syncing process
+	metricEndpointChange = "endpoint-change" // ms, one endpoint of one service replaced
+	metricServiceAdded   = "service-added"   // ms, one service with three endpoints added
+	metricConnect        = "connect"         // ms, TCP connect + first byte from the client namespace
+	metricLiveHeap       = "live-heap"       // MiB after a collection, per stage of a full sync
+	metricDaemonRSS      = "daemon-rss"      // MiB, nftproxy run after its first sync
+	metricDaemonPeak     = "daemon-peak"     // MiB, nftproxy run's peak RSS (VmHWM)
+	metricDaemonStart    = "daemon-start"    // ms, nftproxy run from exec to its first sync done
+)
+
+// Methods: who did the work.
+const (
+	methodNftproxy        = "nftproxy"                         // compile + diff + one netlink batch
+	methodCompile         = "nftproxy compile"                 // proxier.Compile alone
+	methodDiff            = "nftproxy diff"                    // nftmodel.Diff alone
+	methodApply           = "nftproxy netlink"                 // nftmodel.Apply / ApplyChanges alone
+	methodMemLimit        = "nftproxy, GOMEMLIMIT=" + memLimit // the same child with a soft memory limit
+	methodDelta           = "per-service delta"                // alternative: only the changed service recompiled
+	methodNftText         = "nft -f"                           // the same ruleset or change as nft text
+	methodLegacy          = "iptables-legacy-restore"          // kube-proxy's full-table restore
+	methodLegacyPartial   = "iptables-legacy --noflush"        // kube-proxy's partial restore
+	methodIptNft          = "iptables-nft-restore"             // kube-proxy's full-table restore, nf_tables backend
+	methodIptNftPartial   = "iptables-nft --noflush"           // kube-proxy's partial restore, nf_tables backend
+	methodDaemon          = "nftproxy run"
+	methodConnNftFirst    = "nftproxy, first service"
+	methodConnNftLast     = "nftproxy, last service"
+	methodConnLegacyFirst = "iptables, first service"
+	methodConnLegacyLast  = "iptables, last service"
+)
+
+// Record is one measurement: a value per run (or per sample), or the reason
+// it was skipped.
+type Record struct {
+	N      int       `json:"n"`
+	Metric string    `json:"metric"`
+	Method string    `json:"method"`
+	Values []float64 `json:"values,omitempty"`
+	Skip   string    `json:"skip,omitempty"`
+}
+
+// Results is everything one run of the program measured.
+type Results struct {
+	Started  time.Time `json:"started"`
+	Duration string    `json:"duration"`
+	Quick    bool      `json:"quick"`
+	Runs     int       `json:"runs"`
+	Sizes    []int     `json:"sizes"`
+	Machine  Machine   `json:"machine"`
+	Records  []Record  `json:"records"`
+	GoBench  []GoBench `json:"go_bench,omitempty"`
+	Load     []string  `json:"load,omitempty"` // /proc/loadavg before and after
+	Notes    []string  `json:"notes,omitempty"`
+}
+
+func (r *Results) add(n int, metric, method string, values ...float64) {
+	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Values: values})
+}
+
+func (r *Results) skip(n int, metric, method, why string) {
+	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Skip: why})
+}
+
+// find returns the record of (n, metric, method), nil when there is none.
+func (r *Results) find(n int, metric, method string) *Record {
+	for i := range r.Records {
+		rec := &r.Records[i]
+		if rec.N == n && rec.Metric == metric && rec.Method == method {
+			return rec
+		}
+	}
+	return nil
+}
+
+func (r *Results) save(path string) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return nil
+}
+
+func loadResults(path string) (*Results, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read results: %w", err)
+	}
+	var r Results
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("decode results %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// Min returns the smallest value.
+func (rec *Record) Min() float64 { return slices.Min(rec.Values) }
+
+// Median returns the median value (the mean of the middle two for an even
+// count).
+func (rec *Record) Median() float64 { return quantile(rec.Values, 0.5) }
+
+// quantile returns the q-quantile of values by linear interpolation between
+// the closest ranks.
+func quantile(values []float64, q float64) float64 {
+	s := slices.Sorted(slices.Values(values))
+	if len(s) == 0 {
+		return 0
+	}
+	pos := q * float64(len(s)-1)
+	lo := int(pos)
+	if lo+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[lo] + (pos-float64(lo))*(s[lo+1]-s[lo])
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,134 @@
+package proxier_test
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// The user-space share of a sync at the sizes the targets name
+// (kernel time is measured by cmd/bench): run with
+//
+//	go test -run - -bench . -benchmem ./proxier/
+
+var benchConfig = proxier.Config{
+	Family:       m.IPv4,
+	ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+}
+
+// benchSizes are the service counts of the targets.
+var benchSizes = []int{10000, 50000}
+
+// benchSnapshot holds n TCP services with three ready endpoints each, one in
+// twenty with a NodePort: the shape cmd/bench loads into the kernel.
+func benchSnapshot(n int) *k8s.Snapshot {
+	snap := &k8s.Snapshot{Services: make([]k8s.ServicePort, n), Node: k8s.Node{Name: "node-1"}}
+	for i := range n {
+		snap.Services[i] = benchService(i)
+	}
+	return snap
+}
+
+func benchService(i int) k8s.ServicePort {
+	sp := k8s.ServicePort{
+		Name:       k8s.ServicePortName{Namespace: "default", Name: fmt.Sprintf("svc-%05d", i), Port: "http", Protocol: k8s.TCP},
+		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})},
+		Port:       80,
+	}
+	if i%20 == 0 {
+		sp.NodePort = uint16(30000 + i/20)
+	}
+	for j := range 3 {
+		sp.Endpoints = append(sp.Endpoints, benchEndpoint(uint32(3*i+j+1)))
+	}
+	return sp
+}
+
+// benchEndpoint returns the n-th address of 10.128.0.0/10, port 8080.
+func benchEndpoint(n uint32) k8s.Endpoint {
+	v := uint32(10)<<24 | 128<<16 + n
+	return k8s.Endpoint{Addr: netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}),
+		Port: 8080, Ready: true, Serving: true}
+}
+
+// withEndpointChanged returns a copy of snap where the last endpoint of
+// service i has another address (the endpoint count stays three).
+func withEndpointChanged(snap *k8s.Snapshot, i int, to uint32) *k8s.Snapshot {
+	next := &k8s.Snapshot{Services: append([]k8s.ServicePort(nil), snap.Services...), Node: snap.Node}
+	eps := append([]k8s.Endpoint(nil), next.Services[i].Endpoints...)
+	eps[2] = benchEndpoint(to)
+	next.Services[i].Endpoints = eps
+	return next
+}
+
+// withServiceAdded returns a copy of snap with one more service, kept in
+// name order.
+func withServiceAdded(snap *k8s.Snapshot) *k8s.Snapshot {
+	next := &k8s.Snapshot{Services: append(snap.Services[:len(snap.Services):len(snap.Services)],
+		benchService(len(snap.Services))), Node: snap.Node}
+	return next
+}
+
+func BenchmarkCompile(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			snap := benchSnapshot(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				proxier.Compile(snap, benchConfig)
+			}
+		})
+	}
+}
+
+// BenchmarkDiff diffs two compiled rulesets: one endpoint of one service
+// changed, or one service added.
+func BenchmarkDiff(b *testing.B) {
+	for _, n := range benchSizes {
+		snap := benchSnapshot(n)
+		applied := proxier.Compile(snap, benchConfig)
+		cases := []struct {
+			name string
+			next *k8s.Snapshot
+		}{
+			{"endpoint-changed", withEndpointChanged(snap, n/2, 1<<20)},
+			{"service-added", withServiceAdded(snap)},
+			{"unchanged", snap},
+		}
+		for _, c := range cases {
+			desired := proxier.Compile(c.next, benchConfig)
+			b.Run(fmt.Sprintf("%s/services=%d", c.name, n), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, ok := m.Diff(applied, desired); !ok {
+						b.Fatal("diff not expressible incrementally")
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkEndpointUpdate is the user-space share of one endpoint change:
+// compile the new snapshot and diff it against the applied ruleset.
+func BenchmarkEndpointUpdate(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			snap := benchSnapshot(n)
+			applied := proxier.Compile(snap, benchConfig)
+			next := withEndpointChanged(snap, n/2, 1<<20)
+			b.ReportAllocs()
+			for b.Loop() {
+				desired := proxier.Compile(next, benchConfig)
+				c, ok := m.Diff(applied, desired)
+				if !ok || len(c.AddElements) == 0 {
+					b.Fatal("want an incremental change adding elements")
+				}
+			}
+		})
+	}
+}
