@@ -76,6 +76,7 @@ func TestAPIServer(t *testing.T) {
 		{"ClusterIPFollowsSlices", testClusterIPFollowsSlices},
 		{"NodePortMergesSlices", testClusterNodePortMergesSlices},
 		{"APIServerOutage", testClusterAPIServerOutage},
+		{"Partition", testClusterPartition},
 		{"DaemonRestart", testClusterDaemonRestart},
 		{"RestartWhileAPIServerDown", testClusterRestartWhileAPIServerDown},
 		{"MetricsAndHealth", testClusterMetricsAndHealth},
@@ -201,6 +202,7 @@ type clusterScenario struct {
 	env        *clusterEnv
 	ns         string // Kubernetes namespace of the scenario's objects
 	topo       *netns.Topology
+	relay      *clusterRelay
 	kubeconfig string
 	args       []string
 	d          *Daemon
@@ -233,7 +235,8 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, clusterRelay(t, s.topo.Node, u.Host))
+	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
+	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.addr)
 	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
 		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
@@ -264,69 +267,107 @@ func (s *clusterScenario) startDaemon() {
 	}
 }
 
-// clusterRelay forwards TCP connections made to 127.0.0.1 in ns to target,
-// an address of the test's own network namespace, and returns the address
-// it listens on. The node namespace has no route to the host, on purpose;
-// this way the daemon reaches the API server over loopback and this process
-// only. It stops when the test ends.
-func clusterRelay(t *testing.T, ns *netns.NS, target string) string {
+// clusterRelay forwards TCP connections made to 127.0.0.1 in a namespace to
+// a target address of the test's own network namespace. The node namespace
+// has no route to the host, on purpose; this way the daemon reaches the API
+// server over loopback and this process only.
+type clusterRelay struct {
+	addr   string // where it listens, in the namespace
+	target string
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool // the test ended
+	cut    bool // partitioned: no connection gets through
+}
+
+// startClusterRelay starts a relay in ns that stops when the test ends.
+func startClusterRelay(t *testing.T, ns *netns.NS, target string) *clusterRelay {
 	t.Helper()
 	l, err := ns.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu     sync.Mutex
-		conns  = map[net.Conn]struct{}{}
-		closed bool
-		wg     sync.WaitGroup
-	)
-	track := func(cs ...net.Conn) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range cs {
-			conns[c] = struct{}{}
-		}
-		return !closed
-	}
-	pipe := func(down net.Conn) {
-		defer down.Close()
-		up, err := net.DialTimeout("tcp", target, 2*time.Second)
-		if err != nil {
-			return // the API server is down: the client sees the connection close
-		}
-		defer up.Close()
-		if !track(down, up) {
-			return
-		}
-		done := make(chan struct{}, 2)
-		go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
-		go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
-		<-done // either side gone: close both, which ends the other copy
-		up.Close()
-		down.Close()
-		<-done
-	}
+	r := &clusterRelay{addr: l.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			wg.Go(func() { pipe(c) })
+			wg.Go(func() { r.pipe(c) })
 		}
 	})
 	t.Cleanup(func() {
 		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
+		r.mu.Lock()
+		r.closed = true
+		r.closeAll()
+		r.mu.Unlock()
 		wg.Wait()
 	})
-	return l.Addr().String()
+	return r
+}
+
+// setCut partitions the node from the API server (closing the open
+// connections) or ends the partition. The API server itself keeps running
+// and accepting changes.
+func (r *clusterRelay) setCut(cut bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cut = cut
+	if cut {
+		r.closeAll()
+	}
+}
+
+func (r *clusterRelay) closeAll() {
+	for c := range r.conns {
+		c.Close()
+	}
+}
+
+// track registers the connections of a pipe, or reports false when none
+// may pass.
+func (r *clusterRelay) track(cs ...net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.cut {
+		return false
+	}
+	for _, c := range cs {
+		r.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (r *clusterRelay) untrack(cs ...net.Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range cs {
+		delete(r.conns, c)
+	}
+}
+
+func (r *clusterRelay) pipe(down net.Conn) {
+	defer down.Close()
+	up, err := net.DialTimeout("tcp", r.target, 2*time.Second)
+	if err != nil {
+		return // the API server is down: the client sees the connection close
+	}
+	defer up.Close()
+	if !r.track(down, up) {
+		return
+	}
+	defer r.untrack(down, up)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
+	<-done // either side gone: close both, which ends the other copy
+	up.Close()
+	down.Close()
+	<-done
 }
 
 // clusterKubeconfig writes a copy of the admin kubeconfig that goes through
@@ -646,6 +687,53 @@ func testClusterAPIServerOutage(t *testing.T, env *clusterEnv) {
 	if err := s.healthy(); err != nil {
 		t.Error(err)
 	}
+}
+
+// testClusterPartition cuts the node off an API server that keeps running
+// and taking changes: the daemon keeps the last rules, and applies every
+// change it missed (an endpoint moved, a service deleted, one created) once
+// it reaches the server again.
+func testClusterPartition(t *testing.T, env *clusterEnv) {
+	const partition = 3 * time.Second
+	s := newClusterScenario(t, env, "e2e-partition")
+	web := netip.MustParseAddrPort("10.96.29.10:80")
+	gone := netip.MustParseAddrPort("10.96.29.11:80")
+	late := netip.MustParseAddrPort("10.96.29.12:80")
+	a01, n01 := s.pods(0, 1)
+	a1, n1 := s.pods(1)
+	a2, n2 := s.pods(2)
+	s.service("web", web.Addr().String(), 0)
+	s.slice("web", "web-a", a01...)
+	s.service("gone", gone.Addr().String(), 0)
+	s.slice("gone", "gone-a", a2...)
+	s.eventually("services", func() error { return errors.Join(s.answeredBy(web, n01), s.answeredBy(gone, n2)) })
+
+	s.relay.setCut(true)
+	cut := time.Now()
+	s.slice("web", "web-a", a2...)
+	if err := env.client.CoreV1().Services(s.ns).Delete(s.ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.service("late", late.Addr().String(), 0)
+	s.slice("late", "late-a", a1...)
+	time.Sleep(partition - time.Since(cut))
+	if err := errors.Join(s.answeredBy(web, n01), s.answeredBy(gone, n2)); err != nil {
+		t.Errorf("cut off the API server, the last rules must stay: %v", err)
+	}
+
+	s.relay.setCut(false)
+	back := time.Now()
+	ctx, cancel := context.WithTimeout(s.ctx, 45*time.Second) // client-go backs off up to ~30 s
+	defer cancel()
+	clusterEventually(ctx, t, "changes missed during the partition", func() error {
+		_, err := s.topo.Client.AskTCP(s.ctx, gone)
+		if !refused(err) {
+			return fmt.Errorf("deleted service %s: error %v, want refused or unreachable", gone, err)
+		}
+		return errors.Join(s.answeredBy(web, n2), s.answeredBy(late, n1))
+	})
+	t.Logf("partitioned %s; every missed change applied %s after it ended",
+		back.Sub(cut).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 }
 
 func testClusterDaemonRestart(t *testing.T, env *clusterEnv) {
