@@ -454,14 +454,14 @@ func (s *clusterScenario) slice(service, name string, addrs ...netip.Addr) {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To(clusterNode)})
 	}
-	slices := s.env.client.DiscoveryV1().EndpointSlices(s.ns)
-	old, err := slices.Get(s.ctx, name, metav1.GetOptions{})
+	client := s.env.client.DiscoveryV1().EndpointSlices(s.ns)
+	old, err := client.Get(s.ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = slices.Create(s.ctx, es, metav1.CreateOptions{})
+		_, err = client.Create(s.ctx, es, metav1.CreateOptions{})
 	case err == nil:
 		es.ResourceVersion = old.ResourceVersion
-		_, err = slices.Update(s.ctx, es, metav1.UpdateOptions{})
+		_, err = client.Update(s.ctx, es, metav1.UpdateOptions{})
 	}
 	if err != nil {
 		s.t.Fatalf("write endpoint slice %s: %v", name, err)
@@ -515,9 +515,9 @@ func (s *clusterScenario) ruleset() string {
 	return out
 }
 
-// refused reports whether err is a connection refused or an ICMP
+// clusterRefused reports whether err is a connection refused or an ICMP
 // unreachable: an answer that comes at once, not a silent drop.
-func refused(err error) bool {
+func clusterRefused(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
@@ -586,7 +586,7 @@ func testClusterIPFollowsSlices(t *testing.T, env *clusterEnv) {
 		t.Fatal(err)
 	}
 	took = s.eventually("service deleted", func() error {
-		if _, err := s.topo.Client.AskTCP(s.ctx, vip); !refused(err) {
+		if _, err := s.topo.Client.AskTCP(s.ctx, vip); !clusterRefused(err) {
 			return fmt.Errorf("ask %s: error %v, want refused or unreachable", vip, err)
 		}
 		return nil
@@ -727,7 +727,7 @@ func testClusterPartition(t *testing.T, env *clusterEnv) {
 	defer cancel()
 	clusterEventually(ctx, t, "changes missed during the partition", func() error {
 		_, err := s.topo.Client.AskTCP(s.ctx, gone)
-		if !refused(err) {
+		if !clusterRefused(err) {
 			return fmt.Errorf("deleted service %s: error %v, want refused or unreachable", gone, err)
 		}
 		return errors.Join(s.answeredBy(web, n2), s.answeredBy(late, n1))
