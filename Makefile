@@ -36,7 +36,9 @@ staticcheck:
 k8s-bins:
 	bash e2e/apiserver/build.sh
 
+# Root; only inside network namespaces it makes. Writes docs/benchmarks.md.
 bench: build
+	@command -v iptables-legacy-restore >/dev/null && command -v iptables-nft-restore >/dev/null || apt-get install -y iptables
 	$(GO) run ./cmd/bench $(if $(QUICK),--quick,)
 
 clean:

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,13 +21,28 @@ import (
 	"github.com/nftproxy/nftproxy/k8s"
 )
 
-// daemonSyncTimeout bounds the wait for the daemon's first sync.
+// daemonSyncTimeout bounds the wait for the daemon's syncs.
 const daemonSyncTimeout = 3 * time.Minute
 
+// Steady state is the daemon after this many periodic full resyncs, made
+// every daemonSyncPeriod (its --sync-period) after the first sync.
+const (
+	daemonResyncs    = 2
+	daemonSyncPeriod = 5 * time.Second
+)
+
+// daemonFigures is what one daemon run measured.
+type daemonFigures struct {
+	startMS            float64 // exec to the first sync logged
+	firstRSS, steadyRS float64 // MiB after the first sync, after the resyncs
+	peak               float64 // MiB, VmHWM
+	heapAlloc          float64 // MiB, go_memstats_heap_alloc_bytes at the end
+}
+
 // daemonPhase runs the real daemon, `nftproxy run --manifests DIR`, on
-// generated manifests in a fresh namespace at each size and records its
-// resident memory once the first sync is done, and how long that took from
-// exec (reading and decoding the manifests included).
+// generated manifests in a fresh namespace at each size and records how long
+// its first sync took from exec (reading and decoding the manifests
+// included) and its resident memory after it and at steady state.
 func daemonPhase(res *Results, o *options) error {
 	if _, err := os.Stat(o.nftproxy); err != nil {
 		for _, n := range o.sizes {
@@ -39,30 +56,33 @@ func daemonPhase(res *Results, o *options) error {
 			continue
 		}
 		logf("daemon, %d services", n)
-		rss, peak, start, err := daemonRSS(o.nftproxy, n)
+		f, err := runDaemon(o.nftproxy, n)
 		if err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
-		res.add(n, metricDaemonRSS, methodDaemon, rss)
-		res.add(n, metricDaemonPeak, methodDaemon, peak)
-		res.add(n, metricDaemonStart, methodDaemon, start)
+		res.add(n, metricDaemonStart, methodDaemon, f.startMS)
+		res.add(n, metricDaemonRSS, methodDaemonFirst, f.firstRSS)
+		res.add(n, metricDaemonRSS, methodDaemon, f.steadyRS)
+		res.add(n, metricDaemonPeak, methodDaemon, f.peak)
+		res.add(n, metricDaemonHeap, methodDaemon, f.heapAlloc)
 	}
 	return nil
 }
 
-func daemonRSS(binary string, n int) (rssMiB, peakMiB, startMS float64, err error) {
+func runDaemon(binary string, n int) (f daemonFigures, err error) {
 	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("make manifest directory: %w", err)
+		return f, fmt.Errorf("make manifest directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	if err := writeManifests(filepath.Join(dir, "services.yaml"), snapshot(n, nil)); err != nil {
-		return 0, 0, 0, err
+		return f, err
 	}
 	err = freshNS(func(ns *netns.NS) error {
 		var log lockedBuffer
 		cmd := exec.Command("ip", "netns", "exec", ns.Name(), binary, "run", "--manifests", dir,
-			"--hostname-override", "node-1", "--node-ip", netns.NodeAddr.String(), "--cluster-cidr", clusterCIDR.String())
+			"--hostname-override", "node-1", "--node-ip", netns.NodeAddr.String(), "--cluster-cidr", clusterCIDR.String(),
+			"--sync-period", daemonSyncPeriod.String(), "--metrics-bind-address", daemonMetrics)
 		cmd.Stdout, cmd.Stderr = &log, &log
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		start := time.Now()
@@ -82,36 +102,69 @@ func daemonRSS(binary string, n int) (rssMiB, peakMiB, startMS float64, err erro
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), daemonSyncTimeout)
 		defer cancel()
-		// The daemon logs one JSON line per sync; the first one ends start-up.
-		for !strings.Contains(log.String(), `"msg":"Synced"`) {
-			select {
-			case <-done:
-				return fmt.Errorf("nftproxy exited before its first sync: %s", firstLines(log.String(), 5))
-			case <-ctx.Done():
-				return fmt.Errorf("wait for nftproxy's first sync: %w", ctx.Err())
-			case <-time.After(20 * time.Millisecond):
+		// The daemon logs one JSON line per sync.
+		waitSyncs := func(want int) error {
+			for strings.Count(log.String(), `"msg":"Synced"`) < want {
+				select {
+				case <-done:
+					return fmt.Errorf("nftproxy exited: %s", firstLines(log.String(), 5))
+				case <-ctx.Done():
+					return fmt.Errorf("wait for nftproxy's sync %d: %w", want, ctx.Err())
+				case <-time.After(20 * time.Millisecond):
+				}
 			}
+			return nil
 		}
-		startMS = ms(time.Since(start))
-		// `ip netns exec` execs the daemon, so the pid is the daemon's. The
-		// runtime returns the first sync's garbage to the system over a few
-		// seconds: wait until the resident size settles.
-		prev := 0
-		for range 15 {
-			time.Sleep(time.Second)
-			st, err := procStatus(cmd.Process.Pid)
-			if err != nil {
-				return err
-			}
-			rssMiB, peakMiB = float64(st["VmRSS"])/1024, float64(st["VmHWM"])/1024
-			if prev > 0 && abs(st["VmRSS"]-prev) < prev/50 {
-				break
-			}
-			prev = st["VmRSS"]
+		if err := waitSyncs(1); err != nil {
+			return err
 		}
-		return nil
+		f.startMS = ms(time.Since(start))
+		// `ip netns exec` execs the daemon, so the pid is the daemon's.
+		time.Sleep(time.Second)
+		st, err := procStatus(cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		f.firstRSS = float64(st["VmRSS"]) / 1024
+		if err := waitSyncs(1 + daemonResyncs); err != nil {
+			return err
+		}
+		time.Sleep(time.Second)
+		if st, err = procStatus(cmd.Process.Pid); err != nil {
+			return err
+		}
+		f.steadyRS, f.peak = float64(st["VmRSS"])/1024, float64(st["VmHWM"])/1024
+		heap, err := daemonGauge(ctx, ns, "go_memstats_heap_alloc_bytes")
+		f.heapAlloc = heap / (1 << 20)
+		return err
 	})
-	return rssMiB, peakMiB, startMS, err
+	return f, err
+}
+
+// daemonMetrics is where the daemon serves /metrics, inside its namespace.
+const daemonMetrics = "127.0.0.1:10249"
+
+// daemonGauge reads one unlabelled gauge from the daemon's /metrics.
+func daemonGauge(ctx context.Context, ns *netns.NS, name string) (float64, error) {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return ns.Dial(ctx, network, addr) },
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonMetrics+"/metrics", nil)
+	if err != nil {
+		return 0, fmt.Errorf("read metrics: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("read metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("read metrics: no %s", name)
 }
 
 func abs(x int) int { return max(x, -x) }

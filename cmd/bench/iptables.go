@@ -49,9 +49,9 @@ func fullSyncIptables(res *Results, be backend, n, runs int) error {
 }
 
 // iptablesUpdates loads n services once, then times runs of each update as
-// kube-proxy's full sync writes it (every chain) and as its partial sync
-// does (top-level chains and the changed service's chains).
-func iptablesUpdates(res *Results, be backend, n, runs int) error {
+// kube-proxy's partial sync writes it (top-level chains and the changed
+// service's chains) and, with full, as its full sync does (every chain).
+func iptablesUpdates(res *Results, be backend, n, runs int, full bool) error {
 	return freshNS(func(ns *netns.NS) error {
 		services := iptServices(snapshot(n, nil))
 		if _, err := timeTool(ns, iptablesRestore{jumps: true}.text(services), be.args(false)...); err != nil {
@@ -77,11 +77,14 @@ func iptablesUpdates(res *Results, be backend, n, runs int) error {
 			metric string
 			next   func(run int) (iptablesRestore, []iptService)
 		}{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}} {
-			var full, partial []float64
+			var whole, partial []float64
 			for run := range runs {
-				for _, whole := range []bool{true, false} {
+				for _, all := range []bool{true, false} {
+					if all && !full {
+						continue
+					}
 					r, next := k.next(run)
-					if whole {
+					if all {
 						r.only = nil // kube-proxy's full sync: every chain
 					}
 					d, err := timeTool(ns, r.text(next), be.args(true)...)
@@ -89,14 +92,16 @@ func iptablesUpdates(res *Results, be backend, n, runs int) error {
 						return fmt.Errorf("%s: %w", k.metric, err)
 					}
 					services = next
-					if whole {
-						full = append(full, ms(d))
+					if all {
+						whole = append(whole, ms(d))
 					} else {
 						partial = append(partial, ms(d))
 					}
 				}
 			}
-			res.add(n, k.metric, be.full, full...)
+			if full {
+				res.add(n, k.metric, be.full, whole...)
+			}
 			res.add(n, k.metric, be.partial, partial...)
 		}
 		return nil

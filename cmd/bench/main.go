@@ -14,18 +14,19 @@ import (
 )
 
 type options struct {
-	quick      bool
-	sizes      []int
-	runs       int
-	phases     []string
-	docs       string
-	render     string
-	results    string
-	nftproxy   string
-	iptNftSync int // largest size iptables-nft-restore loads in full
-	iptNftUpd  int // largest size iptables-nft-restore updates are timed at
-	samples    int // connect samples per target
-	daemonMax  int // largest size the daemon is started at
+	quick         bool
+	sizes         []int
+	runs          int
+	phases        []string
+	docs          string
+	render        string
+	results       string
+	nftproxy      string
+	iptNftSync    int // largest size iptables-nft-restore loads in full
+	iptNftFull    int // largest size iptables-nft-restore full-table updates are timed at
+	iptNftPartial int // largest size its partial updates are timed at
+	samples       int // connect samples per target
+	daemonMax     int // largest size the daemon is started at
 
 	childSync     int
 	childNetns    string
@@ -52,9 +53,10 @@ func run(args []string) error {
 	fs.StringVar(&o.render, "render", "", "only rewrite the docs from this results file")
 	fs.StringVar(&o.results, "results", "cmd/bench/results.json", "file the raw results are written to")
 	fs.StringVar(&o.nftproxy, "nftproxy", "bin/nftproxy", "the nftproxy binary, for the daemon's resident memory")
-	fs.IntVar(&o.iptNftSync, "iptables-nft-max-sync", 30000, "largest size iptables-nft-restore loads in full")
-	fs.IntVar(&o.iptNftUpd, "iptables-nft-max-update", 5000, "largest size iptables-nft-restore updates are timed at")
-	fs.IntVar(&o.samples, "samples", 300, "TCP connects timed per target service")
+	fs.IntVar(&o.iptNftSync, "iptables-nft-max-sync", 50000, "largest size iptables-nft-restore loads in full")
+	fs.IntVar(&o.iptNftFull, "iptables-nft-max-full-update", 1000, "largest size iptables-nft-restore full-table updates are timed at")
+	fs.IntVar(&o.iptNftPartial, "iptables-nft-max-partial", 10000, "largest size iptables-nft-restore --noflush partial updates are timed at")
+	fs.IntVar(&o.samples, "samples", 1000, "TCP connects timed per target service")
 	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
@@ -196,18 +198,29 @@ func updatePhase(res *Results, o *options, n int) error {
 	if err := nftproxyUpdates(res, n, o.runs); err != nil {
 		return err
 	}
-	logf("updates, %d services: %s", n, legacy.restore)
-	if err := iptablesUpdates(res, legacy, n, o.runs); err != nil {
+	runs := o.runs
+	if n > 10000 {
+		runs = 1 // tens of seconds each
+	}
+	logf("updates, %d services: %s (%d runs)", n, legacy.restore, runs)
+	if err := iptablesUpdates(res, legacy, n, runs, true); err != nil {
 		return err
 	}
-	if n > o.iptNftUpd {
-		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-update)", o.iptNftUpd)
+	if n > o.iptNftPartial {
+		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-partial)", o.iptNftPartial)
 		for _, metric := range []string{metricEndpointChange, metricServiceAdded} {
-			res.skip(n, metric, iptNft.full, why)
 			res.skip(n, metric, iptNft.partial, why)
+			res.skip(n, metric, iptNft.full, why)
 		}
 		return nil
 	}
-	logf("updates, %d services: %s", n, iptNft.restore)
-	return iptablesUpdates(res, iptNft, n, 1)
+	full := n <= o.iptNftFull
+	if !full {
+		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-full-update)", o.iptNftFull)
+		for _, metric := range []string{metricEndpointChange, metricServiceAdded} {
+			res.skip(n, metric, iptNft.full, why)
+		}
+	}
+	logf("updates, %d services: %s (1 run)", n, iptNft.restore)
+	return iptablesUpdates(res, iptNft, n, 1, full)
 }

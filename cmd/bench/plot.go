@@ -107,7 +107,7 @@ func writePNG(path string, charts ...chart) error {
 			continue
 		}
 		s := legend[i]
-		line(img, x, mid, x+30, mid, s.color, s.dashed)
+		thickLine(img, x, mid, x+30, mid, s.color, s.dashed)
 		drawText(img, x+40, y, s.name, textScale, black, false)
 	}
 	f, err := os.Create(path)

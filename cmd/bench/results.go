@@ -17,7 +17,8 @@ const (
 	metricServiceAdded   = "service-added"   // ms, one service with three endpoints added
 	metricConnect        = "connect"         // ms, TCP connect + first byte from the client namespace
 	metricLiveHeap       = "live-heap"       // MiB after a collection, per stage of a full sync
-	metricDaemonRSS      = "daemon-rss"      // MiB, nftproxy run after its first sync
+	metricDaemonRSS      = "daemon-rss"      // MiB, nftproxy run after its first sync and at steady state
+	metricDaemonHeap     = "daemon-heap"     // MiB, go_memstats_heap_alloc_bytes at steady state
 	metricDaemonPeak     = "daemon-peak"     // MiB, nftproxy run's peak RSS (VmHWM)
 	metricDaemonStart    = "daemon-start"    // ms, nftproxy run from exec to its first sync done
 )
@@ -35,7 +36,9 @@ const (
 	methodLegacyPartial   = "iptables-legacy --noflush"        // kube-proxy's partial restore
 	methodIptNft          = "iptables-nft-restore"             // kube-proxy's full-table restore, nf_tables backend
 	methodIptNftPartial   = "iptables-nft --noflush"           // kube-proxy's partial restore, nf_tables backend
-	methodDaemon          = "nftproxy run"
+	methodDaemon          = "nftproxy run"                     // at steady state
+	methodDaemonFirst     = "nftproxy run, first sync"         // right after the first sync
+	methodMemFloor        = "nftproxy, GOMEMLIMIT=1MiB"        // collecting all the time: the live peak
 	methodConnNftFirst    = "nftproxy, first service"
 	methodConnNftLast     = "nftproxy, last service"
 	methodConnLegacyFirst = "iptables, first service"
