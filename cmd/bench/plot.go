@@ -64,7 +64,7 @@ const (
 	textScale   = 2
 	panelW      = 620
 	panelH      = 470
-	marginLeft  = 110
+	marginLeft  = 124
 	marginRight = 20
 	marginTop   = 50
 	marginBot   = 70
