@@ -189,7 +189,7 @@ func syncPhase(res *Results, o *options, n int) error {
 	if n > 10000 {
 		runs = 1 // minutes each
 	}
-	logf("full sync, %d services: %s (%d runs)", n, iptNft.restore, runs)
+	logf("full sync, %d services: %s (runs: %d)", n, iptNft.restore, runs)
 	return fullSyncIptables(res, iptNft, n, runs)
 }
 
@@ -202,7 +202,7 @@ func updatePhase(res *Results, o *options, n int) error {
 	if n > 10000 {
 		runs = 1 // tens of seconds each
 	}
-	logf("updates, %d services: %s (%d runs)", n, legacy.restore, runs)
+	logf("updates, %d services: %s (runs: %d)", n, legacy.restore, runs)
 	if err := iptablesUpdates(res, legacy, n, runs, true); err != nil {
 		return err
 	}
@@ -221,6 +221,6 @@ func updatePhase(res *Results, o *options, n int) error {
 			res.skip(n, metric, iptNft.full, why)
 		}
 	}
-	logf("updates, %d services: %s (1 run)", n, iptNft.restore)
+	logf("updates, %d services: %s (runs: 1)", n, iptNft.restore)
 	return iptablesUpdates(res, iptNft, n, 1, full)
 }

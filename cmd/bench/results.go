@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -63,14 +65,20 @@ type Results struct {
 	Runs     int       `json:"runs"`
 	Sizes    []int     `json:"sizes"`
 	Machine  Machine   `json:"machine"`
-	Records  []Record  `json:"records"`
+	Records  []Record  `json:"records,omitempty"`
 	GoBench  []GoBench `json:"go_bench,omitempty"`
 	Load     []string  `json:"load,omitempty"` // /proc/loadavg before and after
 	Notes    []string  `json:"notes,omitempty"`
 }
 
+// add records values, rounded to a thousandth of their unit (a microsecond,
+// a KiB): finer digits are noise and would only bloat the results file.
 func (r *Results) add(n int, metric, method string, values ...float64) {
-	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Values: values})
+	rounded := make([]float64, len(values))
+	for i, v := range values {
+		rounded[i] = math.Round(v*1000) / 1000
+	}
+	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Values: rounded})
 }
 
 func (r *Results) skip(n int, metric, method, why string) {
@@ -89,11 +97,29 @@ func (r *Results) find(n int, metric, method string) *Record {
 }
 
 func (r *Results) save(path string) error {
-	data, err := json.MarshalIndent(r, "", "  ")
+	// One record per line: readable, and thousands of samples stay short.
+	var b bytes.Buffer
+	head := *r
+	head.Records = nil
+	data, err := json.MarshalIndent(head, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode results: %w", err)
 	}
-	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+	b.Write(bytes.TrimSuffix(data, []byte("\n}")))
+	b.WriteString(",\n  \"records\": [")
+	for i, rec := range r.Records {
+		line, err := json.Marshal(rec)
+		if err != nil {
+			return fmt.Errorf("encode results: %w", err)
+		}
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n    ")
+		b.Write(line)
+	}
+	b.WriteString("\n  ]\n}")
+	if err := os.WriteFile(path, append(b.Bytes(), '\n'), 0o644); err != nil {
 		return fmt.Errorf("write results: %w", err)
 	}
 	return nil
