@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -44,12 +46,57 @@ var (
 // deterministic: the same input gives the same ruleset, sorted.
 func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
 	c := newCompiler(cfg, snap.Node)
+	pieces := make([]*piece, len(snap.Services))
 	for i := range snap.Services {
-		c.addService(&snap.Services[i])
+		pieces[i] = c.piece(&snap.Services[i])
 	}
-	return c.ruleset()
+	return c.assemble(pieces)
 }
 
+// piece is what one service port adds to a family's ruleset. Compile
+// assembles the pieces of every service port; the incremental compiler swaps
+// the piece of a changed one.
+type piece struct {
+	elements   []keyedElement // of the shared sets and maps
+	hairpin    []netip.Addr   // endpoints that may reach themselves
+	clusterIPs []netip.Addr
+	uses       []sharedObj // shared chains and slot maps it needs
+	sets       []*m.Set    // its own (affinity sets)
+	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
+}
+
+// keyedElement is an element of a set shared by all services; set is the
+// set's declaration, without elements.
+type keyedElement struct {
+	set *m.Set
+	el  m.Element
+}
+
+// sharedObj names the chains and maps service ports share: the dispatch
+// chains of one endpoint count per kind of traffic, and the slots.
+type sharedObj struct {
+	kind sharedKind
+	n    int // endpoint count of a dispatch chain, index of a slot
+}
+
+// sharedKind orders the shared objects as the ruleset lists them.
+type sharedKind uint8
+
+const (
+	clusterDispatch sharedKind = iota
+	externalDispatch
+	nodePortDispatch
+	endpointSlot
+	nodePortSlot
+)
+
+func compareShared(a, b sharedObj) int {
+	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.n, b.n))
+}
+
+// compiler holds what every piece of one family's ruleset depends on
+// besides its service port: the configuration, the node and the
+// declarations of the shared sets.
 type compiler struct {
 	cfg     Config
 	node    k8s.Node
@@ -58,15 +105,11 @@ type compiler struct {
 	targetT []m.DataType
 	npT     []m.DataType
 
-	serviceIPs, serviceNodePorts       []m.Element
-	noEndpointIPs, noEndpointNodePorts []m.Element
-	hairpin                            map[netip.Addr]bool
-	slots, nodePortSlots               [][]m.Element // per slot index
-	clusterN, externalN, nodePortN     map[int]bool  // endpoint counts in use
-	clusterIPs                         map[netip.Addr]bool
-	firewallIPs                        []m.Element
-	ownSets                            []*m.Set   // affinity sets
-	ownChains                          []*m.Chain // per-service chains, in service order
+	// Declarations of the shared sets, without elements.
+	serviceIPs, serviceNodePorts       *m.Set
+	noEndpointIPs, noEndpointNodePorts *m.Set
+	hairpin, firewallIPs, clusterIPs   *m.Set
+	slots, nodePortSlots               []*m.Set // by index, made on demand
 }
 
 func newCompiler(cfg Config, node k8s.Node) *compiler {
@@ -74,32 +117,59 @@ func newCompiler(cfg Config, node k8s.Node) *compiler {
 	if cfg.Family == m.IPv6 {
 		addrT = m.TypeIPv6Addr
 	}
-	return &compiler{
-		cfg:        cfg,
-		node:       node,
-		clusterIPs: map[netip.Addr]bool{},
-		addrT:      addrT,
-		vipT:       []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
-		targetT:    []m.DataType{addrT, m.TypeInetService},
-		npT:        []m.DataType{m.TypeInetProto, m.TypeInetService},
-		hairpin:    map[netip.Addr]bool{},
-		clusterN:   map[int]bool{},
-		externalN:  map[int]bool{},
-		nodePortN:  map[int]bool{},
+	c := &compiler{
+		cfg:     cfg,
+		node:    node,
+		addrT:   addrT,
+		vipT:    []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
+		targetT: []m.DataType{addrT, m.TypeInetService},
+		npT:     []m.DataType{m.TypeInetProto, m.TypeInetService},
 	}
+	verdict := []m.DataType{m.TypeVerdict}
+	c.serviceIPs = &m.Set{Name: mapServiceIPs, Key: c.vipT, Data: verdict}
+	c.serviceNodePorts = &m.Set{Name: mapServiceNodePorts, Key: c.npT, Data: verdict}
+	c.noEndpointIPs = &m.Set{Name: mapNoEndpointServices, Key: c.vipT, Data: verdict}
+	c.noEndpointNodePorts = &m.Set{Name: mapNoEndpointNodePorts, Key: c.npT, Data: verdict}
+	c.hairpin = &m.Set{Name: setHairpin, Key: []m.DataType{addrT, addrT}}
+	c.firewallIPs = &m.Set{Name: mapFirewallIPs, Key: c.vipT, Data: verdict}
+	c.clusterIPs = &m.Set{Name: setClusterIPs, Key: []m.DataType{addrT}}
+	return c
 }
 
-func (c *compiler) addService(sp *k8s.ServicePort) {
+// fixedSets are the declarations of the sets every ruleset has, in the
+// order the ruleset lists them.
+func (c *compiler) fixedSets() []*m.Set {
+	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
+		c.hairpin, c.firewallIPs, c.clusterIPs}
+}
+
+// slotSet returns the declaration of slot i's DNAT map.
+func (c *compiler) slotSet(kind sharedKind, i int) *m.Set {
+	list, name, key := &c.slots, endpointSlotMap, c.vipT
+	if kind == nodePortSlot {
+		list, name, key = &c.nodePortSlots, nodePortSlotMap, c.npT
+	}
+	for len(*list) <= i {
+		*list = append(*list, &m.Set{Name: name(len(*list)), Key: key, Data: c.targetT})
+	}
+	return (*list)[i]
+}
+
+// piece compiles one service port.
+func (c *compiler) piece(sp *k8s.ServicePort) *piece {
+	p := &piece{}
 	// Like kube-proxy, a family's table only serves services with a
 	// ClusterIP of that family: an external or load balancer address of the
 	// other family is not the service's business there.
 	if !c.hasFamilyAddress(sp) {
-		return
+		return p
 	}
 	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
 	internal := choice.internal(sp)
 	for _, e := range slices.Concat(choice.cluster, choice.local) {
-		c.hairpin[e.Addr] = true
+		if !slices.Contains(p.hairpin, e.Addr) {
+			p.hairpin = append(p.hairpin, e.Addr)
+		}
 	}
 	proto := m.N(uint32(sp.Name.Protocol.Number()))
 	port := m.N(uint32(sp.Port))
@@ -108,21 +178,29 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 	// shares the dispatch chains and slot maps.
 	var own *serviceChains
 	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
-		own = c.serviceChains(sp, choice)
+		own = c.serviceChains(p, sp, choice)
 	}
-	noEndpoints := func(set *[]m.Element, key []m.Value, drop bool) {
+	noEndpoints := func(set *m.Set, key []m.Value, drop bool) {
 		v := rejectVerdict
 		if drop {
 			v = &m.Verdict{Kind: m.Drop}
 		}
-		*set = append(*set, m.Element{Key: key, Comment: comment, Verdict: v})
+		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: v}})
 	}
-	dispatch := func(set *[]m.Element, key []m.Value, chain string) {
-		*set = append(*set, m.Element{Key: key, Comment: comment, Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}})
+	dispatch := func(set *m.Set, key []m.Value, chain string) {
+		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment,
+			Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}}})
 	}
-	fillSlots := func(slots *[][]m.Element, key []m.Value, eps []k8s.Endpoint) {
+	// shared dispatches through the chain of kind for len(eps) endpoints
+	// and fills the slots of that many endpoints.
+	shared := func(set *m.Set, key []m.Value, kind, slot sharedKind, eps []k8s.Endpoint) {
+		obj := sharedObj{kind, len(eps)}
+		dispatch(set, key, c.sharedChainName(obj))
+		p.uses = append(p.uses, obj)
 		for i, e := range eps {
-			c.slot(slots, i, m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}})
+			p.uses = append(p.uses, sharedObj{slot, i})
+			p.elements = append(p.elements, keyedElement{c.slotSet(slot, i),
+				m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}}})
 		}
 	}
 
@@ -130,33 +208,31 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 		if !c.cfg.addrInFamily(ip) {
 			continue
 		}
-		c.clusterIPs[ip] = true
+		if !slices.Contains(p.clusterIPs, ip) {
+			p.clusterIPs = append(p.clusterIPs, ip)
+		}
 		key := []m.Value{m.A(ip), proto, port}
 		switch {
 		case len(internal) == 0:
 			// iTP=Local without local endpoints drops, like kube-proxy;
 			// no endpoints at all rejects.
-			noEndpoints(&c.noEndpointIPs, key, sp.InternalPolicyLocal && len(choice.cluster) > 0)
+			noEndpoints(c.noEndpointIPs, key, sp.InternalPolicyLocal && len(choice.cluster) > 0)
 		case sp.AffinityTimeout > 0:
-			dispatch(&c.serviceIPs, key, own.internal)
+			dispatch(c.serviceIPs, key, own.internal)
 		default:
-			dispatch(&c.serviceIPs, key, clusterIPChain(len(internal)))
-			c.clusterN[len(internal)] = true
-			fillSlots(&c.slots, key, internal)
+			shared(c.serviceIPs, key, clusterDispatch, endpointSlot, internal)
 		}
 	}
 	// External traffic: eTP=Local keeps it on this node (own chains);
 	// otherwise it shares the chains that masquerade everything.
-	external := func(key []m.Value, dispatchSet, noEndpointSet *[]m.Element, slots *[][]m.Element, shared func(int) string, counts map[int]bool) {
+	external := func(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind, slot sharedKind) {
 		switch {
 		case len(choice.cluster) == 0:
 			noEndpoints(noEndpointSet, key, false)
 		case own != nil:
 			dispatch(dispatchSet, key, own.external)
 		default:
-			dispatch(dispatchSet, key, shared(len(choice.cluster)))
-			counts[len(choice.cluster)] = true
-			fillSlots(slots, key, choice.cluster)
+			shared(dispatchSet, key, kind, slot, choice.cluster)
 		}
 	}
 	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
@@ -164,18 +240,19 @@ func (c *compiler) addService(sp *k8s.ServicePort) {
 			continue
 		}
 		key := []m.Value{m.A(ip), proto, port}
-		external(key, &c.serviceIPs, &c.noEndpointIPs, &c.slots, externalChain, c.externalN)
+		external(key, c.serviceIPs, c.noEndpointIPs, externalDispatch, endpointSlot)
 		// Like kube-proxy, only ranges of the compiled family filter: a
 		// family without any leaves its load balancer addresses open.
 		if slices.ContainsFunc(sp.LoadBalancerSourceRanges, c.cfg.inFamily) && slices.Contains(sp.LoadBalancerIPs, ip) {
-			c.firewall(sp, key)
+			c.firewall(p, sp, key)
 		}
 	}
 	if sp.NodePort == 0 {
-		return
+		return p
 	}
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
-	external(key, &c.serviceNodePorts, &c.noEndpointNodePorts, &c.nodePortSlots, nodePortChain, c.nodePortN)
+	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, nodePortSlot)
+	return p
 }
 
 // hasFamilyAddress tells whether the service has a ClusterIP of the compiled
@@ -185,53 +262,64 @@ func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 	return slices.ContainsFunc(sp.ClusterIPs, c.cfg.addrInFamily)
 }
 
-func (c *compiler) slot(slots *[][]m.Element, i int, e m.Element) {
-	for len(*slots) <= i {
-		*slots = append(*slots, nil)
+// assemble builds the ruleset out of the pieces of every service port, in
+// service order.
+func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
+	elements := map[*m.Set][]m.Element{}
+	hairpin, clusterIPs := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	used := map[sharedObj]bool{}
+	var ownSets []*m.Set
+	var ownChains []*m.Chain
+	for _, p := range pieces {
+		for _, ke := range p.elements {
+			elements[ke.set] = append(elements[ke.set], ke.el)
+		}
+		for _, a := range p.hairpin {
+			hairpin[a] = true
+		}
+		for _, a := range p.clusterIPs {
+			clusterIPs[a] = true
+		}
+		for _, o := range p.uses {
+			used[o] = true
+		}
+		ownSets = append(ownSets, p.sets...)
+		ownChains = append(ownChains, p.chains...)
 	}
-	(*slots)[i] = append((*slots)[i], e)
-}
+	for a := range hairpin {
+		elements[c.hairpin] = append(elements[c.hairpin], hairpinElement(a))
+	}
+	for a := range clusterIPs {
+		elements[c.clusterIPs] = append(elements[c.clusterIPs], clusterIPElement(a))
+	}
+	objs := slices.SortedFunc(maps.Keys(used), compareShared)
 
-func (c *compiler) ruleset() *m.Ruleset {
 	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
-	rs.Sets = c.sets()
+	withElements := func(decl *m.Set) *m.Set {
+		s := *decl
+		s.Elements = elements[decl]
+		s.Elements = m.SortedElements(&s)
+		return &s
+	}
+	for _, s := range c.fixedSets() {
+		rs.Sets = append(rs.Sets, withElements(s))
+	}
+	for _, o := range objs {
+		if s := c.sharedSet(o); s != nil {
+			rs.Sets = append(rs.Sets, withElements(s))
+		}
+	}
+	rs.Sets = append(rs.Sets, ownSets...)
 	rs.Chains = append(c.baseChains(), c.fixedChains()...)
-	rs.Chains = append(rs.Chains, c.dispatchChains()...)
-	rs.Chains = append(rs.Chains, c.ownChains...)
+	for _, o := range objs {
+		rs.Chains = append(rs.Chains, c.sharedChain(o))
+	}
+	rs.Chains = append(rs.Chains, ownChains...)
 	return rs
 }
 
-func (c *compiler) sets() []*m.Set {
-	verdict := []m.DataType{m.TypeVerdict}
-	hairpinT := []m.DataType{c.addrT, c.addrT}
-	var hairpin, clusterIPs []m.Element
-	for a := range c.hairpin {
-		hairpin = append(hairpin, m.Element{Key: []m.Value{m.A(a), m.A(a)}})
-	}
-	for a := range c.clusterIPs {
-		clusterIPs = append(clusterIPs, m.Element{Key: []m.Value{m.A(a)}})
-	}
-	sets := []*m.Set{
-		{Name: mapServiceIPs, Key: c.vipT, Data: verdict, Elements: c.serviceIPs},
-		{Name: mapServiceNodePorts, Key: c.npT, Data: verdict, Elements: c.serviceNodePorts},
-		{Name: mapNoEndpointServices, Key: c.vipT, Data: verdict, Elements: c.noEndpointIPs},
-		{Name: mapNoEndpointNodePorts, Key: c.npT, Data: verdict, Elements: c.noEndpointNodePorts},
-		{Name: setHairpin, Key: hairpinT, Elements: hairpin},
-		{Name: mapFirewallIPs, Key: c.vipT, Data: verdict, Elements: c.firewallIPs},
-		{Name: setClusterIPs, Key: []m.DataType{c.addrT}, Elements: clusterIPs},
-	}
-	for i, els := range c.slots {
-		sets = append(sets, &m.Set{Name: endpointSlotMap(i), Key: c.vipT, Data: c.targetT, Elements: els})
-	}
-	for i, els := range c.nodePortSlots {
-		sets = append(sets, &m.Set{Name: nodePortSlotMap(i), Key: c.npT, Data: c.targetT, Elements: els})
-	}
-	sets = append(sets, c.ownSets...)
-	for _, s := range sets {
-		s.Elements = m.SortedElements(s)
-	}
-	return sets
-}
+func hairpinElement(a netip.Addr) m.Element   { return m.Element{Key: []m.Value{m.A(a), m.A(a)}} }
+func clusterIPElement(a netip.Addr) m.Element { return m.Element{Key: []m.Value{m.A(a)}} }
 
 func jump(chain string) m.Rule {
 	return m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Jump, Chain: chain}}}
@@ -329,46 +417,62 @@ func (c *compiler) fixedChains() []*m.Chain {
 	}
 }
 
-// dispatchChains builds the shared per-endpoint-count chains and the per-slot
-// DNAT chains.
-func (c *compiler) dispatchChains() []*m.Chain {
-	var chains []*m.Chain
-	pick := func(n int, slotChain func(int) string) m.Expr {
-		if n == 1 {
-			return m.Verdict{Kind: m.Goto, Chain: slotChain(0)}
+// sharedChainName is the name of a shared object's chain.
+func (c *compiler) sharedChainName(o sharedObj) string {
+	switch o.kind {
+	case clusterDispatch:
+		return clusterIPChain(o.n)
+	case externalDispatch:
+		return externalChain(o.n)
+	case nodePortDispatch:
+		return nodePortChain(o.n)
+	case endpointSlot:
+		return endpointSlotChain(o.n)
+	}
+	return nodePortSlotChain(o.n)
+}
+
+// sharedChain builds a shared object's chain: a dispatch chain marks for
+// masquerade as its kind of traffic needs, then picks one of n slots; a
+// slot chain DNATs through its slot's map.
+func (c *compiler) sharedChain(o sharedObj) *m.Chain {
+	ch := &m.Chain{Name: c.sharedChainName(o)}
+	pick := func(slot sharedKind) m.Rule {
+		if o.n == 1 {
+			return m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Goto, Chain: c.sharedChainName(sharedObj{slot, 0})}}}
 		}
-		targets := make([]string, n)
+		targets := make([]string, o.n)
 		for i := range targets {
-			targets[i] = slotChain(i)
+			targets[i] = c.sharedChainName(sharedObj{slot, i})
 		}
-		return m.NumgenGoto{Chains: targets}
+		return m.Rule{Exprs: []m.Expr{m.NumgenGoto{Chains: targets}}}
 	}
 	markAll := jump(chainMarkForMasquerade)
-	for _, n := range sortedCounts(c.clusterN) {
-		ch := &m.Chain{Name: clusterIPChain(n)}
+	switch o.kind {
+	case clusterDispatch:
 		if r, ok := c.clusterMasquerade(); ok {
 			ch.Rules = append(ch.Rules, r)
 		}
-		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{pick(n, endpointSlotChain)}})
-		chains = append(chains, ch)
+		ch.Rules = append(ch.Rules, pick(endpointSlot))
+	case externalDispatch:
+		ch.Rules = []m.Rule{markAll, pick(endpointSlot)}
+	case nodePortDispatch:
+		ch.Rules = []m.Rule{markAll, pick(nodePortSlot)}
+	case endpointSlot:
+		ch.Rules = []m.Rule{{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Map: endpointSlotMap(o.n)}}}}
+	case nodePortSlot:
+		ch.Rules = []m.Rule{{Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Map: nodePortSlotMap(o.n)}}}}
 	}
-	for _, n := range sortedCounts(c.externalN) {
-		chains = append(chains, &m.Chain{Name: externalChain(n), Rules: []m.Rule{markAll,
-			{Exprs: []m.Expr{pick(n, endpointSlotChain)}}}})
+	return ch
+}
+
+// sharedSet is the declaration of a shared object's map: slots have one,
+// dispatch chains none.
+func (c *compiler) sharedSet(o sharedObj) *m.Set {
+	if o.kind == endpointSlot || o.kind == nodePortSlot {
+		return c.slotSet(o.kind, o.n)
 	}
-	for _, n := range sortedCounts(c.nodePortN) {
-		chains = append(chains, &m.Chain{Name: nodePortChain(n), Rules: []m.Rule{markAll,
-			{Exprs: []m.Expr{pick(n, nodePortSlotChain)}}}})
-	}
-	for i := range c.slots {
-		chains = append(chains, &m.Chain{Name: endpointSlotChain(i), Rules: []m.Rule{
-			{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Map: endpointSlotMap(i)}}}}})
-	}
-	for i := range c.nodePortSlots {
-		chains = append(chains, &m.Chain{Name: nodePortSlotChain(i), Rules: []m.Rule{
-			{Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Map: nodePortSlotMap(i)}}}}})
-	}
-	return chains
+	return nil
 }
 
 // clusterMasquerade is the rule that marks ClusterIP traffic for masquerade:
@@ -384,15 +488,4 @@ func (c *compiler) clusterMasquerade() (m.Rule, bool) {
 		}
 	}
 	return m.Rule{}, false
-}
-
-func sortedCounts(set map[int]bool) []int {
-	var out []int
-	for n, used := range set {
-		if used {
-			out = append(out, n)
-		}
-	}
-	slices.Sort(out)
-	return out
 }

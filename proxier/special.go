@@ -42,7 +42,7 @@ func endpointID(e k8s.Endpoint) string {
 	return strings.ReplaceAll(e.Addr.String(), ":", ".") + "/" + fmt.Sprint(e.Port)
 }
 
-func (c *compiler) serviceChains(sp *k8s.ServicePort, choice endpointChoice) *serviceChains {
+func (c *compiler) serviceChains(p *piece, sp *k8s.ServicePort, choice endpointChoice) *serviceChains {
 	id := portID(sp)
 	proto := sp.Name.Protocol.Number()
 	endpointChains := map[string]string{} // endpointID -> chain
@@ -57,13 +57,13 @@ func (c *compiler) serviceChains(sp *k8s.ServicePort, choice endpointChoice) *se
 		if sp.AffinityTimeout > 0 {
 			set := hashName("affinity", id+"__"+eid)
 			affinitySets[eid] = set
-			c.ownSets = append(c.ownSets, &m.Set{Name: set, Key: []m.DataType{c.addrT}, Timeout: sp.AffinityTimeout})
+			p.sets = append(p.sets, &m.Set{Name: set, Key: []m.DataType{c.addrT}, Timeout: sp.AffinityTimeout})
 			ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.UpdateSet{Key: []m.Field{m.FieldSaddr}, Set: set}}})
 		}
 		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.DNAT{Proto: proto, Addr: e.Addr, Port: e.Port}},
 			Comment: sp.Name.String()})
 		endpointChains[eid] = name
-		c.ownChains = append(c.ownChains, ch)
+		p.chains = append(p.chains, ch)
 		return name
 	}
 	// pick sends a packet to a client's remembered endpoint, else to a
@@ -91,7 +91,7 @@ func (c *compiler) serviceChains(sp *k8s.ServicePort, choice endpointChoice) *se
 	add := func(kind string, rules ...m.Rule) string {
 		name := hashName(kind, id)
 		// Declared before the endpoint chains they jump to, for readability.
-		c.ownChains = append(c.ownChains, &m.Chain{Name: name, Rules: rules})
+		p.chains = append(p.chains, &m.Chain{Name: name, Rules: rules})
 		return name
 	}
 	out := &serviceChains{}
@@ -127,11 +127,11 @@ func (c *compiler) serviceChains(sp *k8s.ServicePort, choice endpointChoice) *se
 
 // firewall lets only loadBalancerSourceRanges reach the load balancer
 // address key (and the node itself when one of its addresses is in a range).
-func (c *compiler) firewall(sp *k8s.ServicePort, key []m.Value) {
+func (c *compiler) firewall(p *piece, sp *k8s.ServicePort, key []m.Value) {
 	name := hashName("firewall", portID(sp))
-	c.firewallIPs = append(c.firewallIPs, m.Element{Key: key, Comment: sp.Name.String(),
-		Verdict: &m.Verdict{Kind: m.Goto, Chain: name}})
-	for _, ch := range c.ownChains {
+	p.elements = append(p.elements, keyedElement{c.firewallIPs, m.Element{Key: key, Comment: sp.Name.String(),
+		Verdict: &m.Verdict{Kind: m.Goto, Chain: name}}})
+	for _, ch := range p.chains {
 		if ch.Name == name {
 			return // another load balancer address of the same port
 		}
@@ -151,5 +151,5 @@ func (c *compiler) firewall(sp *k8s.ServicePort, key []m.Value) {
 		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Return}}})
 	}
 	ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: sp.Name.String() + " source ranges"})
-	c.ownChains = append(c.ownChains, ch)
+	p.chains = append(p.chains, ch)
 }
