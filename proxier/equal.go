@@ -1,0 +1,37 @@
+package proxier
+
+import (
+	"slices"
+
+	"github.com/nftproxy/nftproxy/k8s"
+)
+
+// sameServicePort tells whether two service ports compile alike. The
+// tracker hands out the same endpoint slice for a service whose endpoints did
+// not change, so the common case costs a pointer comparison.
+func sameServicePort(a, b *k8s.ServicePort) bool {
+	return a.Name == b.Name && a.Port == b.Port && a.NodePort == b.NodePort &&
+		a.ExternalPolicyLocal == b.ExternalPolicyLocal && a.InternalPolicyLocal == b.InternalPolicyLocal &&
+		a.HealthCheckNodePort == b.HealthCheckNodePort && a.AffinityTimeout == b.AffinityTimeout &&
+		a.TrafficDistribution == b.TrafficDistribution &&
+		slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
+		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
+		sameEndpoints(a.Endpoints, b.Endpoints)
+}
+
+func sameEndpoints(a, b []k8s.Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.EqualFunc(a, b, sameEndpoint)
+}
+
+func sameEndpoint(a, b k8s.Endpoint) bool {
+	return a.Addr == b.Addr && a.Port == b.Port && a.Ready == b.Ready && a.Serving == b.Serving &&
+		a.Terminating == b.Terminating && a.NodeName == b.NodeName && a.Zone == b.Zone &&
+		slices.Equal(a.ZoneHints, b.ZoneHints) && slices.Equal(a.NodeHints, b.NodeHints)
+}

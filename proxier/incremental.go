@@ -1,0 +1,299 @@
+package proxier
+
+import (
+	"cmp"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// incremental is one family's ruleset as applied, kept as the pieces of its
+// service ports, so that a new snapshot costs a cheap comparison per service
+// port plus a compile of the few that changed, instead of a compile and a
+// diff of everything: an endpoint change then stays O(1) at any scale.
+type incremental struct {
+	c      *compiler
+	pieces map[k8s.ServicePortName]*entry
+	// Reference counts of what service ports share.
+	shared              map[sharedObj]int
+	hairpin, clusterIPs map[netip.Addr]int
+	ownElements         int // elements of the pieces, shared sets excluded
+	gen                 uint64
+}
+
+type entry struct {
+	sp   k8s.ServicePort
+	p    *piece
+	seen uint64 // the generation of the last update that saw it
+}
+
+// newIncremental compiles snap in full; the ruleset it returns is Compile's.
+func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
+	s := &incremental{
+		c:          newCompiler(cfg, snap.Node),
+		pieces:     make(map[k8s.ServicePortName]*entry, len(snap.Services)),
+		shared:     map[sharedObj]int{},
+		hairpin:    map[netip.Addr]int{},
+		clusterIPs: map[netip.Addr]int{},
+	}
+	pieces := make([]*piece, len(snap.Services))
+	for i := range snap.Services {
+		sp := &snap.Services[i]
+		p := s.c.piece(sp)
+		pieces[i] = p
+		s.pieces[sp.Name] = &entry{sp: *sp, p: p}
+		s.count(p, 1)
+	}
+	return s, s.c.assemble(pieces)
+}
+
+// count adds a piece's references (delta 1) or removes them (delta -1).
+func (s *incremental) count(p *piece, delta int) {
+	for _, o := range p.uses {
+		s.shared[o] += delta
+	}
+	for _, a := range p.hairpin {
+		s.hairpin[a] += delta
+	}
+	for _, a := range p.clusterIPs {
+		s.clusterIPs[a] += delta
+	}
+	s.ownElements += delta * len(p.elements)
+}
+
+// elements is the number of set elements of the ruleset.
+func (s *incremental) elements() int {
+	n := s.ownElements
+	for _, refs := range s.hairpin {
+		if refs > 0 {
+			n++
+		}
+	}
+	for _, refs := range s.clusterIPs {
+		if refs > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// ruleset assembles the whole ruleset of snap, which must be the snapshot of
+// the last update.
+func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
+	pieces := make([]*piece, 0, len(snap.Services))
+	for i := range snap.Services {
+		if e := s.pieces[snap.Services[i].Name]; e != nil {
+			pieces = append(pieces, e.p)
+		}
+	}
+	return s.c.assemble(pieces)
+}
+
+// update brings the state to snap and returns the changes that bring the
+// kernel along. It reports false when snap can't be reached incrementally
+// (the node changed, or an affinity set changed its timeout); the state is
+// then spoiled and the caller must start over with a full sync.
+func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
+	if !reflect.DeepEqual(s.c.node, snap.Node) {
+		return m.Changes{}, false
+	}
+	s.gen++
+	d := newDelta(s)
+	for i := range snap.Services {
+		sp := &snap.Services[i]
+		e := s.pieces[sp.Name]
+		if e != nil {
+			e.seen = s.gen
+			if sameServicePort(&e.sp, sp) {
+				continue
+			}
+		} else {
+			e = &entry{seen: s.gen}
+			s.pieces[sp.Name] = e
+		}
+		p := s.c.piece(sp)
+		if !d.replace(e.p, p) {
+			return m.Changes{}, false
+		}
+		e.sp, e.p = *sp, p
+	}
+	for name, e := range s.pieces {
+		if e.seen != s.gen {
+			if !d.replace(e.p, nil) {
+				return m.Changes{}, false
+			}
+			delete(s.pieces, name)
+		}
+	}
+	return d.changes(), true
+}
+
+// delta gathers the changes of one update. Shared objects and elements are
+// reference counted; only their net change over the update counts, so a
+// chain one service port stops using and another starts using stays.
+type delta struct {
+	s                *incremental
+	del, add         map[*m.Set][]m.Element
+	c                m.Changes
+	sharedBefore     map[sharedObj]int
+	hairpinBefore    map[netip.Addr]int
+	clusterIPsBefore map[netip.Addr]int
+}
+
+func newDelta(s *incremental) *delta {
+	return &delta{s: s, del: map[*m.Set][]m.Element{}, add: map[*m.Set][]m.Element{},
+		sharedBefore: map[sharedObj]int{}, hairpinBefore: map[netip.Addr]int{}, clusterIPsBefore: map[netip.Addr]int{}}
+}
+
+// replace swaps piece old (nil: none) for piece new (nil: none).
+func (d *delta) replace(old, new *piece) bool {
+	if old == nil {
+		old = &piece{}
+	}
+	if new == nil {
+		new = &piece{}
+	}
+	d.remember(old)
+	d.remember(new)
+	d.s.count(old, -1)
+	d.s.count(new, 1)
+
+	// Elements: a key that stays with the same element is left alone; one
+	// whose value changes is deleted and added again, as Diff does.
+	for _, o := range old.elements {
+		i := slices.IndexFunc(new.elements, func(n keyedElement) bool { return n.set == o.set && slices.Equal(n.el.Key, o.el.Key) })
+		if i < 0 || !elementEqual(o.el, new.elements[i].el) {
+			d.del[o.set] = append(d.del[o.set], o.el)
+		}
+	}
+	for _, n := range new.elements {
+		i := slices.IndexFunc(old.elements, func(o keyedElement) bool { return o.set == n.set && slices.Equal(o.el.Key, n.el.Key) })
+		if i < 0 || !elementEqual(old.elements[i].el, n.el) {
+			d.add[n.set] = append(d.add[n.set], n.el)
+		}
+	}
+
+	// Own sets: affinity sets hold the clients the kernel learnt, so one
+	// that stays is never touched.
+	for _, o := range old.sets {
+		i := slices.IndexFunc(new.sets, func(n *m.Set) bool { return n.Name == o.Name })
+		if i < 0 {
+			d.c.DelSets = append(d.c.DelSets, o.Name)
+		} else if !sameSetType(o, new.sets[i]) {
+			return false
+		}
+	}
+	for _, n := range new.sets {
+		if !slices.ContainsFunc(old.sets, func(o *m.Set) bool { return o.Name == n.Name }) {
+			d.c.AddSets = append(d.c.AddSets, n)
+		}
+	}
+
+	// Own chains.
+	f := d.s.c.cfg.Family
+	for _, o := range old.chains {
+		if !slices.ContainsFunc(new.chains, func(n *m.Chain) bool { return n.Name == o.Name }) {
+			d.c.DelChains = append(d.c.DelChains, o.Name)
+		}
+	}
+	for _, n := range new.chains {
+		i := slices.IndexFunc(old.chains, func(o *m.Chain) bool { return o.Name == n.Name })
+		switch {
+		case i < 0:
+			d.c.AddChains = append(d.c.AddChains, n)
+			d.c.RewriteChains = append(d.c.RewriteChains, n)
+		case !slices.EqualFunc(old.chains[i].Rules, n.Rules, func(a, b m.Rule) bool { return m.RenderRule(f, a) == m.RenderRule(f, b) }):
+			d.c.RewriteChains = append(d.c.RewriteChains, n)
+		}
+	}
+	return true
+}
+
+// remember notes the reference counts before the update of what p refers to.
+func (d *delta) remember(p *piece) {
+	for _, o := range p.uses {
+		if _, ok := d.sharedBefore[o]; !ok {
+			d.sharedBefore[o] = d.s.shared[o]
+		}
+	}
+	for _, a := range p.hairpin {
+		if _, ok := d.hairpinBefore[a]; !ok {
+			d.hairpinBefore[a] = d.s.hairpin[a]
+		}
+	}
+	for _, a := range p.clusterIPs {
+		if _, ok := d.clusterIPsBefore[a]; !ok {
+			d.clusterIPsBefore[a] = d.s.clusterIPs[a]
+		}
+	}
+}
+
+// changes adds the net changes of the shared objects and returns the whole.
+func (d *delta) changes() m.Changes {
+	s, c := d.s, d.c
+	for _, o := range slices.SortedFunc(maps.Keys(d.sharedBefore), compareShared) {
+		before, after := d.sharedBefore[o] > 0, s.shared[o] > 0
+		if after {
+			if !before {
+				ch := s.c.sharedChain(o)
+				c.AddChains = append(c.AddChains, ch)
+				c.RewriteChains = append(c.RewriteChains, ch)
+				if set := s.c.sharedSet(o); set != nil {
+					c.AddSets = append(c.AddSets, set)
+				}
+			}
+			continue
+		}
+		delete(s.shared, o)
+		if before {
+			c.DelChains = append(c.DelChains, s.c.sharedChainName(o))
+			if set := s.c.sharedSet(o); set != nil {
+				c.DelSets = append(c.DelSets, set.Name)
+				delete(d.del, set) // the set goes with its elements
+			}
+		}
+	}
+	addrs := func(set *m.Set, before, now map[netip.Addr]int, element func(netip.Addr) m.Element) {
+		for _, a := range slices.SortedFunc(maps.Keys(before), netip.Addr.Compare) {
+			switch was, is := before[a] > 0, now[a] > 0; {
+			case is && !was:
+				d.add[set] = append(d.add[set], element(a))
+			case was && !is:
+				d.del[set] = append(d.del[set], element(a))
+			}
+			if now[a] <= 0 {
+				delete(now, a)
+			}
+		}
+	}
+	addrs(s.c.hairpin, d.hairpinBefore, s.hairpin, hairpinElement)
+	addrs(s.c.clusterIPs, d.clusterIPsBefore, s.clusterIPs, clusterIPElement)
+	c.DelElements = setElements(d.del)
+	c.AddElements = setElements(d.add)
+	return c
+}
+
+// setElements lists the elements by set, sets by name.
+func setElements(bySet map[*m.Set][]m.Element) []m.SetElements {
+	var out []m.SetElements
+	for set, els := range bySet {
+		if len(els) > 0 {
+			out = append(out, m.SetElements{Set: set.Name, Key: set.Key, Data: set.Data, Timeout: set.Timeout, Elements: els})
+		}
+	}
+	slices.SortFunc(out, func(a, b m.SetElements) int { return cmp.Compare(a.Set, b.Set) })
+	return out
+}
+
+func elementEqual(a, b m.Element) bool {
+	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Comment == b.Comment &&
+		(a.Verdict == nil) == (b.Verdict == nil) && (a.Verdict == nil || *a.Verdict == *b.Verdict)
+}
+
+func sameSetType(a, b *m.Set) bool {
+	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Timeout == b.Timeout
+}
