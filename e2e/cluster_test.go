@@ -996,10 +996,6 @@ func (s *clusterScenario) metrics() (map[string]*dto.MetricFamily, error) {
 // syncs, which apply no change, add nothing to the network programming
 // latency: it measures how long changes take to reach the kernel.
 func testClusterNetworkProgrammingIgnoresResyncs(t *testing.T, env *clusterEnv) {
-	t.Skip("known bug: proxier.Run observes kubeproxy_network_programming_duration_seconds after every " +
-		"successful sync, periodic resyncs included, as the time since the last change (queuedAt is not " +
-		"reset on a resync), so the histogram fills with ever larger values while nothing changes; " +
-		"remove this skip with the fix in proxier/sync.go")
 	s := newClusterScenario(t, env, "e2e-netprog", "--sync-period", "1s")
 	vip := netip.MustParseAddrPort("10.96.28.10:80")
 	s.service("web", vip.Addr().String(), 0)

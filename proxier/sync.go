@@ -1,10 +1,9 @@
 package proxier
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"reflect"
-	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,7 +47,7 @@ type Options struct {
 // Proxier keeps the kernel's tables equal to the compiled snapshot.
 type Proxier struct {
 	opts    Options
-	applied map[m.Family]*m.Ruleset // nil entry: kernel state unknown, next sync is full
+	applied map[m.Family]*incremental // nil entry: kernel state unknown, next sync is full
 	prev    *k8s.Snapshot
 }
 
@@ -63,7 +62,7 @@ func New(opts Options) *Proxier {
 	if opts.Health == nil {
 		opts.Health = NewHealth(2 * max(opts.SyncPeriod, time.Second))
 	}
-	return &Proxier{opts: opts, applied: map[m.Family]*m.Ruleset{}}
+	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}}
 }
 
 // retryDelay is the least wait after a failed sync, so a kernel that keeps
@@ -77,6 +76,8 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 	resync := time.NewTicker(max(p.opts.SyncPeriod, time.Second))
 	defer resync.Stop()
 	pending, full := true, true
+	// queuedAt is when the oldest change not yet applied arrived; zero when
+	// none waits, so a periodic resync is not counted as programming.
 	var lastSync, queuedAt time.Time
 	var failed bool
 	p.opts.Health.Queued()
@@ -94,7 +95,7 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		case <-ctx.Done():
 			return
 		case <-src.Changed():
-			if !pending {
+			if queuedAt.IsZero() {
 				queuedAt = time.Now()
 			}
 			pending = true
@@ -112,7 +113,10 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			full = true
 			continue
 		}
-		p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
+		if !queuedAt.IsZero() {
+			p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
+			queuedAt = time.Time{}
+		}
 		pending, full = false, false
 	}
 }
@@ -128,8 +132,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	mt.ServiceChanges.Add(float64(svcChanges))
 	mt.EndpointChanges.Add(float64(epChanges))
 	for _, cfg := range p.opts.Configs {
-		desired := Compile(snap, cfg)
-		stats, kind, err := p.apply(desired, full)
+		state, stats, kind, err := p.apply(snap, cfg, full)
 		if err != nil {
 			p.applied[cfg.Family] = nil
 			mt.SyncFailures.Inc()
@@ -137,18 +140,18 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
 			return fmt.Errorf("sync %s table: %w", cfg.Family, err)
 		}
-		p.applied[cfg.Family] = desired
+		p.applied[cfg.Family] = state
 		if kind == "full" {
 			mt.FullSyncs.Inc()
 		}
 		if stats.Messages > 0 {
 			mt.BatchMessages.Observe(float64(stats.Messages))
 		}
-		mt.RulesetElements.WithLabelValues(cfg.Family.String()).Set(float64(elementCount(desired)))
+		mt.RulesetElements.WithLabelValues(cfg.Family.String()).Set(float64(state.elements()))
 		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
 			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
 		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
-			ce.Write(zap.String("ruleset", m.Render(desired)))
+			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
 		}
 	}
 	elapsed := time.Since(start)
@@ -167,20 +170,26 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	return nil
 }
 
-func (p *Proxier) apply(desired *m.Ruleset, full bool) (m.Stats, string, error) {
-	applied := p.applied[desired.Family]
-	if !full && applied != nil {
-		changes, ok := m.Diff(applied, desired)
-		if ok {
+// apply brings one family's table to snap: only the changes of the service
+// ports that changed since the last sync, or the whole compiled ruleset when
+// full, when the kernel state is unknown, or when the change can't be made
+// incrementally. It returns the state the kernel is in on success.
+func (p *Proxier) apply(snap *k8s.Snapshot, cfg Config, full bool) (*incremental, m.Stats, string, error) {
+	if state := p.applied[cfg.Family]; !full && state != nil {
+		// update spoils the state when it fails; the kernel still has the
+		// old ruleset then, and a full sync follows.
+		p.applied[cfg.Family] = nil
+		if changes, ok := state.update(snap); ok {
 			if changes.Empty() {
-				return m.Stats{}, "none", nil
+				return state, m.Stats{}, "none", nil
 			}
-			stats, err := p.opts.Kernel.ApplyChanges(desired.Family, desired.Table, &changes)
-			return stats, "delta", err
+			stats, err := p.opts.Kernel.ApplyChanges(cfg.Family, TableName, &changes)
+			return state, stats, "delta", err
 		}
 	}
+	state, desired := newIncremental(snap, cfg)
 	stats, err := p.opts.Kernel.Apply(desired)
-	return stats, "full", err
+	return state, stats, "full", err
 }
 
 func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
@@ -197,44 +206,51 @@ func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
 }
 
 // countChanges counts service ports whose service fields changed (added and
-// removed included) and those whose endpoints changed.
+// removed included) and those whose endpoints changed. Snapshots are sorted
+// by name, so one walk over both does it.
 func countChanges(prev, next *k8s.Snapshot) (services, endpoints int) {
-	old := map[k8s.ServicePortName]*k8s.ServicePort{}
+	var old []k8s.ServicePort
 	if prev != nil {
-		for i := range prev.Services {
-			old[prev.Services[i].Name] = &prev.Services[i]
-		}
+		old = prev.Services
 	}
-	for i := range next.Services {
-		sp := &next.Services[i]
-		o, ok := old[sp.Name]
-		delete(old, sp.Name)
-		if !ok {
+	cur := next.Services
+	for len(old) > 0 || len(cur) > 0 {
+		var c int
+		switch {
+		case len(old) == 0:
+			c = 1
+		case len(cur) == 0:
+			c = -1
+		default:
+			c = compareNames(old[0].Name, cur[0].Name)
+		}
+		switch {
+		case c < 0: // removed
 			services++
-			if len(sp.Endpoints) > 0 {
+			old = old[1:]
+		case c > 0: // added
+			services++
+			if len(cur[0].Endpoints) > 0 {
 				endpoints++
 			}
-			continue
-		}
-		if !reflect.DeepEqual(withoutEndpoints(*o), withoutEndpoints(*sp)) {
-			services++
-		}
-		if !slices.EqualFunc(o.Endpoints, sp.Endpoints, func(a, b k8s.Endpoint) bool { return reflect.DeepEqual(a, b) }) {
-			endpoints++
+			cur = cur[1:]
+		default:
+			o, n := old[0], cur[0]
+			if !sameEndpoints(o.Endpoints, n.Endpoints) {
+				endpoints++
+			}
+			o.Endpoints, n.Endpoints = nil, nil
+			if !sameServicePort(&o, &n) {
+				services++
+			}
+			old, cur = old[1:], cur[1:]
 		}
 	}
-	return services + len(old), endpoints
+	return services, endpoints
 }
 
-func withoutEndpoints(sp k8s.ServicePort) k8s.ServicePort {
-	sp.Endpoints = nil
-	return sp
-}
-
-func elementCount(rs *m.Ruleset) int {
-	n := 0
-	for _, s := range rs.Sets {
-		n += len(s.Elements)
-	}
-	return n
+// compareNames orders service port names as snapshots are sorted.
+func compareNames(a, b k8s.ServicePortName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
