@@ -1,6 +1,7 @@
 package proxier_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -113,22 +114,50 @@ func BenchmarkDiff(b *testing.B) {
 	}
 }
 
-// BenchmarkEndpointUpdate is the user-space share of one endpoint change:
-// compile the new snapshot and diff it against the applied ruleset.
-func BenchmarkEndpointUpdate(b *testing.B) {
+// BenchmarkSync is the user-space share of the daemon's sync of one change
+// with n services applied: Proxier.Sync with a kernel that takes the changes
+// and does nothing. Each iteration flips between two snapshots, so every
+// sync carries a real change: one endpoint of one service changed, or one
+// service added (and, flipping back, removed).
+func BenchmarkSync(b *testing.B) {
 	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			snap := benchSnapshot(n)
-			applied := proxier.Compile(snap, benchConfig)
-			next := withEndpointChanged(snap, n/2, 1<<20)
-			b.ReportAllocs()
-			for b.Loop() {
-				desired := proxier.Compile(next, benchConfig)
-				c, ok := m.Diff(applied, desired)
-				if !ok || len(c.AddElements) == 0 {
-					b.Fatal("want an incremental change adding elements")
+		snap := benchSnapshot(n)
+		cases := []struct {
+			name string
+			next *k8s.Snapshot
+		}{
+			{"endpoint-changed", withEndpointChanged(snap, n/2, 1<<20)},
+			{"service-added", withServiceAdded(snap)},
+		}
+		for _, c := range cases {
+			b.Run(fmt.Sprintf("%s/services=%d", c.name, n), func(b *testing.B) {
+				var k nopKernel
+				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+				if err := p.Sync(context.Background(), snap, true); err != nil {
+					b.Fatal(err)
 				}
-			}
-		})
+				snaps := [2]*k8s.Snapshot{c.next, snap}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if err := p.Sync(context.Background(), snaps[i%2], false); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				if k.deltas != i || k.full != 1 {
+					b.Fatalf("%d deltas and %d full syncs for %d changes; want a delta each", k.deltas, k.full, i)
+				}
+			})
+		}
 	}
+}
+
+// nopKernel counts what it is asked to apply.
+type nopKernel struct{ full, deltas int }
+
+func (k *nopKernel) Apply(*m.Ruleset) (m.Stats, error) { k.full++; return m.Stats{}, nil }
+func (k *nopKernel) ApplyChanges(m.Family, string, *m.Changes) (m.Stats, error) {
+	k.deltas++
+	return m.Stats{}, nil
 }

@@ -16,26 +16,28 @@ import (
 // port plus a compile of the few that changed, instead of a compile and a
 // diff of everything: an endpoint change then stays O(1) at any scale.
 type incremental struct {
-	c      *compiler
-	pieces map[k8s.ServicePortName]*entry
+	c       *compiler
+	entries []entry // by name, as snapshots are sorted
+	spare   []entry // the previous entries' array, reused
 	// Reference counts of what service ports share.
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
-	ownElements         int // elements of the pieces, shared sets excluded
-	gen                 uint64
+	elementCount        int // set elements of the ruleset
 }
 
+// entry is a service port of the last snapshot and its piece. Snapshots are
+// immutable; every entry points into the last one only, so older ones can
+// be collected.
 type entry struct {
-	sp   k8s.ServicePort
-	p    *piece
-	seen uint64 // the generation of the last update that saw it
+	sp *k8s.ServicePort
+	p  *piece
 }
 
 // newIncremental compiles snap in full; the ruleset it returns is Compile's.
 func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 	s := &incremental{
 		c:          newCompiler(cfg, snap.Node),
-		pieces:     make(map[k8s.ServicePortName]*entry, len(snap.Services)),
+		entries:    make([]entry, len(snap.Services)),
 		shared:     map[sharedObj]int{},
 		hairpin:    map[netip.Addr]int{},
 		clusterIPs: map[netip.Addr]int{},
@@ -45,90 +47,107 @@ func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 		sp := &snap.Services[i]
 		p := s.c.piece(sp)
 		pieces[i] = p
-		s.pieces[sp.Name] = &entry{sp: *sp, p: p}
+		s.entries[i] = entry{sp: sp, p: p}
 		s.count(p, 1)
 	}
 	return s, s.c.assemble(pieces)
 }
 
 // count adds a piece's references (delta 1) or removes them (delta -1).
+// An address no piece refers to any more is forgotten.
 func (s *incremental) count(p *piece, delta int) {
 	for _, o := range p.uses {
 		s.shared[o] += delta
 	}
-	for _, a := range p.hairpin {
-		s.hairpin[a] += delta
+	addrs := func(refs map[netip.Addr]int, list []netip.Addr) {
+		for _, a := range list {
+			n := refs[a] + delta
+			switch {
+			case n == 0:
+				delete(refs, a)
+				s.elementCount--
+			case n == 1 && delta > 0:
+				s.elementCount++
+			}
+			if n != 0 {
+				refs[a] = n
+			}
+		}
 	}
-	for _, a := range p.clusterIPs {
-		s.clusterIPs[a] += delta
-	}
-	s.ownElements += delta * len(p.elements)
+	addrs(s.hairpin, p.hairpin)
+	addrs(s.clusterIPs, p.clusterIPs)
+	s.elementCount += delta * len(p.elements)
 }
 
 // elements is the number of set elements of the ruleset.
-func (s *incremental) elements() int {
-	n := s.ownElements
-	for _, refs := range s.hairpin {
-		if refs > 0 {
-			n++
-		}
-	}
-	for _, refs := range s.clusterIPs {
-		if refs > 0 {
-			n++
-		}
-	}
-	return n
-}
+func (s *incremental) elements() int { return s.elementCount }
 
-// ruleset assembles the whole ruleset of snap, which must be the snapshot of
-// the last update.
-func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
-	pieces := make([]*piece, 0, len(snap.Services))
-	for i := range snap.Services {
-		if e := s.pieces[snap.Services[i].Name]; e != nil {
-			pieces = append(pieces, e.p)
-		}
+// ruleset assembles the whole ruleset, as Compile would from the snapshot
+// of the last update.
+func (s *incremental) ruleset() *m.Ruleset {
+	pieces := make([]*piece, len(s.entries))
+	for i := range s.entries {
+		pieces[i] = s.entries[i].p
 	}
 	return s.c.assemble(pieces)
 }
 
 // update brings the state to snap and returns the changes that bring the
-// kernel along. It reports false when snap can't be reached incrementally
-// (the node changed, or an affinity set changed its timeout); the state is
-// then spoiled and the caller must start over with a full sync.
+// kernel along. It walks the sorted snapshot and the sorted entries side by
+// side, so a service port that did not change costs a comparison. It
+// reports false when snap can't be reached incrementally (the node changed,
+// an affinity set changed its timeout, the snapshot is not sorted by name);
+// the state is then spoiled and the caller must start over with a full sync.
 func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
 	if !reflect.DeepEqual(s.c.node, snap.Node) {
 		return m.Changes{}, false
 	}
-	s.gen++
 	d := newDelta(s)
-	for i := range snap.Services {
-		sp := &snap.Services[i]
-		e := s.pieces[sp.Name]
-		if e != nil {
-			e.seen = s.gen
-			if sameServicePort(&e.sp, sp) {
-				continue
-			}
-		} else {
-			e = &entry{seen: s.gen}
-			s.pieces[sp.Name] = e
+	old, cur := s.entries, snap.Services
+	next := s.spare[:0]
+	for len(old) > 0 || len(cur) > 0 {
+		c := 0
+		switch {
+		case len(old) == 0:
+			c = 1
+		case len(cur) == 0:
+			c = -1
+		default:
+			c = compareNames(old[0].sp.Name, cur[0].Name)
 		}
-		p := s.c.piece(sp)
-		if !d.replace(e.p, p) {
-			return m.Changes{}, false
-		}
-		e.sp, e.p = *sp, p
-	}
-	for name, e := range s.pieces {
-		if e.seen != s.gen {
-			if !d.replace(e.p, nil) {
+		if c < 0 { // removed
+			if !d.replace(old[0].p, nil) {
 				return m.Changes{}, false
 			}
-			delete(s.pieces, name)
+			old = old[1:]
+			continue
 		}
+		sp := &cur[0]
+		if len(next) > 0 && compareNames(next[len(next)-1].sp.Name, sp.Name) >= 0 {
+			return m.Changes{}, false
+		}
+		e := entry{sp: sp}
+		var before *piece
+		if c == 0 {
+			same := sameServicePort(old[0].sp, sp)
+			before = old[0].p
+			old = old[1:]
+			if same {
+				e.p = before
+				next = append(next, e)
+				cur = cur[1:]
+				continue
+			}
+		}
+		e.p = s.c.piece(sp)
+		if !d.replace(before, e.p) {
+			return m.Changes{}, false
+		}
+		next = append(next, e)
+		cur = cur[1:]
 	}
+	clear(s.entries)
+	s.entries, s.spare = next, s.entries
 	return d.changes(), true
 }
 
@@ -264,9 +283,6 @@ func (d *delta) changes() m.Changes {
 				d.add[set] = append(d.add[set], element(a))
 			case was && !is:
 				d.del[set] = append(d.del[set], element(a))
-			}
-			if now[a] <= 0 {
-				delete(now, a)
 			}
 		}
 	}

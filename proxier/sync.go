@@ -151,7 +151,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
 			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
 		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
-			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
+			ce.Write(zap.String("ruleset", m.Render(state.ruleset())))
 		}
 	}
 	elapsed := time.Since(start)
