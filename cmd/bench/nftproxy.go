@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -189,13 +190,36 @@ func fullSyncNftText(res *Results, n, runs int) error {
 }
 
 // updater keeps one namespace holding the ruleset of snap, and the
-// connection and model a daemon would keep.
+// connection and proxier a daemon would keep.
 type updater struct {
 	ns      *netns.NS
 	conn    *nftables.Conn
 	snap    *k8s.Snapshot
-	applied *m.Ruleset
+	applied *m.Ruleset // Compile(snap), for the paths that diff rulesets
+	proxier *proxier.Proxier
+	kernel  *timedKernel
 	next    int // the next fresh endpoint address
+}
+
+// timedKernel is the netlink kernel of the proxier, timing each batch.
+type timedKernel struct {
+	conn          *nftables.Conn
+	took          time.Duration
+	full, changes int
+}
+
+func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	start := time.Now()
+	st, err := m.Apply(k.conn, rs)
+	k.took, k.full = time.Since(start), k.full+1
+	return st, err
+}
+
+func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
+	start := time.Now()
+	st, err := m.ApplyChanges(k.conn, f, table, c)
+	k.took, k.changes = time.Since(start), k.changes+1
+	return st, err
 }
 
 // change is one update: the snapshot after it and the service it touched.
@@ -215,66 +239,55 @@ func (u *updater) serviceAdded() change {
 	return change{withServiceAdded(u.snap, i), i}
 }
 
-// viaDiff is nftproxy's incremental sync: compile the new snapshot, diff it
-// against the applied ruleset, send the changes in one batch.
-func (u *updater) viaDiff(c change) (compile, diff, apply time.Duration, err error) {
+// viaSync is the daemon's sync of a change: proxier.Sync, which recompiles
+// the service ports that changed and sends their changes in one batch. It
+// returns the user-space and the netlink share.
+func (u *updater) viaSync(c change) (user, apply time.Duration, err error) {
+	before := u.kernel.changes
 	start := time.Now()
-	desired := proxier.Compile(c.snap, compileConfig)
-	compiled := time.Now()
-	changes, ok := m.Diff(u.applied, desired)
-	diffed := time.Now()
-	if !ok {
-		return 0, 0, 0, errors.New("diff: change not expressible incrementally")
+	if err := u.proxier.Sync(context.Background(), c.snap, false); err != nil {
+		return 0, 0, err
 	}
-	if _, err := m.ApplyChanges(u.conn, desired.Family, desired.Table, &changes); err != nil {
-		return 0, 0, 0, err
+	took := time.Since(start)
+	if u.kernel.changes != before+1 {
+		return 0, 0, errors.New("sync: the change was not sent as one incremental batch")
 	}
-	u.applied, u.snap = desired, c.snap
-	return compiled.Sub(start), diffed.Sub(compiled), time.Since(diffed), nil
+	u.snap, u.applied = c.snap, nil
+	return took - u.kernel.took, u.kernel.took, nil
 }
 
-// viaDelta is the alternative this benchmark measures against: only the
-// changed service is compiled (with a neighbour of the same shape, so the
-// shared chains compare equal) and the tiny rulesets are diffed — what an
-// incremental compiler keeping per-service fragments would send. The
-// result is checked against the full diff before it is applied.
-func (u *updater) viaDelta(c change, neighbour int) (time.Duration, error) {
-	full, ok := m.Diff(u.applied, proxier.Compile(c.snap, compileConfig))
+// viaDiff is the alternative the incremental compiler replaced: compile the
+// whole new snapshot, diff it against the whole applied ruleset, send the
+// changes in one batch.
+func (u *updater) viaDiff(c change) (time.Duration, error) {
+	applied := u.compiled()
+	start := time.Now()
+	desired := proxier.Compile(c.snap, compileConfig)
+	changes, ok := m.Diff(applied, desired)
 	if !ok {
 		return 0, errors.New("diff: change not expressible incrementally")
 	}
-	start := time.Now()
-	pick := func(snap *k8s.Snapshot, idx ...int) *k8s.Snapshot {
-		out := &k8s.Snapshot{Node: snap.Node}
-		for _, i := range idx {
-			if i < len(snap.Services) {
-				out.Services = append(out.Services, snap.Services[i])
-			}
-		}
-		return out
-	}
-	before := proxier.Compile(pick(u.snap, neighbour, c.service), compileConfig)
-	after := proxier.Compile(pick(c.snap, neighbour, c.service), compileConfig)
-	delta, ok := m.Diff(before, after)
-	if !ok {
-		return 0, errors.New("diff per-service delta: not expressible incrementally")
-	}
-	if a, b := changeSummary(&delta), changeSummary(&full); a != b {
-		return 0, fmt.Errorf("per-service delta %s differs from the full diff %s", a, b)
-	}
-	if _, err := m.ApplyChanges(u.conn, m.IPv4, proxier.TableName, &delta); err != nil {
+	if _, err := m.ApplyChanges(u.conn, desired.Family, desired.Table, &changes); err != nil {
 		return 0, err
 	}
 	took := time.Since(start)
-	u.applied, u.snap = proxier.Compile(c.snap, compileConfig), c.snap
+	u.applied, u.snap = desired, c.snap
 	return took, nil
+}
+
+// compiled is the ruleset of snap, compiled when needed (not timed).
+func (u *updater) compiled() *m.Ruleset {
+	if u.applied == nil {
+		u.applied = proxier.Compile(u.snap, compileConfig)
+	}
+	return u.applied
 }
 
 // viaText sends the diff as an nft script through `nft -f -`, as a
 // knftables-based proxy does; building the script is not timed.
 func (u *updater) viaText(c change) (time.Duration, error) {
 	desired := proxier.Compile(c.snap, compileConfig)
-	changes, ok := m.Diff(u.applied, desired)
+	changes, ok := m.Diff(u.compiled(), desired)
 	if !ok {
 		return 0, errors.New("diff: change not expressible incrementally")
 	}
@@ -286,21 +299,10 @@ func (u *updater) viaText(c change) (time.Duration, error) {
 	return took, nil
 }
 
-// changeSummary describes changes by what they touch, to compare two diffs.
-func changeSummary(c *m.Changes) string {
-	s := fmt.Sprintf("sets +%d -%d chains +%d ~%d -%d;", len(c.AddSets), len(c.DelSets), len(c.AddChains), len(c.RewriteChains), len(c.DelChains))
-	for _, se := range c.DelElements {
-		s += fmt.Sprintf(" %s -%d", se.Set, len(se.Elements))
-	}
-	for _, se := range c.AddElements {
-		s += fmt.Sprintf(" %s +%d", se.Set, len(se.Elements))
-	}
-	return s
-}
-
 // nftproxyUpdates loads n services once, then times runs of each kind of
 // update through each path. Every update starts from the state the previous
-// one left, as in a daemon.
+// one left, as in a daemon; after the paths that bypass the proxier, a full
+// sync (not timed) brings it back in step with the kernel.
 func nftproxyUpdates(res *Results, n, runs int) error {
 	return freshNS(func(ns *netns.NS) error {
 		conn, err := m.Dial(ns.Fd())
@@ -308,54 +310,52 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 			return err
 		}
 		defer func() { _ = conn.CloseLasting() }()
-		u := &updater{ns: ns, conn: conn, snap: snapshot(n, nil)}
-		u.applied = proxier.Compile(u.snap, compileConfig)
-		if _, err := m.Apply(conn, u.applied); err != nil {
+		k := &timedKernel{conn: conn}
+		u := &updater{ns: ns, conn: conn, snap: snapshot(n, nil), kernel: k,
+			proxier: proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})}
+		resync := func() error { return u.proxier.Sync(context.Background(), u.snap, true) }
+		if err := resync(); err != nil {
 			return err
 		}
 		type kind struct {
 			metric string
 			next   func(run int) change
-			// neighbour is a service of the same shape as the changed one.
-			neighbour func(c change) int
 		}
 		kinds := []kind{
-			{metricEndpointChange, func(run int) change { return u.endpointChange(run, runs) },
-				func(c change) int { return c.service - nodePortEvery }},
-			{metricServiceAdded, func(int) change { return u.serviceAdded() },
-				func(c change) int { return c.service - nodePortEvery }},
+			{metricEndpointChange, func(run int) change { return u.endpointChange(run, runs) }},
+			{metricServiceAdded, func(int) change { return u.serviceAdded() }},
 		}
-		for _, k := range kinds {
-			var total, compile, diff, apply, delta, text []float64
+		for _, kd := range kinds {
+			var total, user, apply, full, text []float64
 			for run := range runs {
-				c, d, a, err := u.viaDiff(k.next(run))
+				us, a, err := u.viaSync(kd.next(run))
 				if err != nil {
-					return fmt.Errorf("%s: %w", k.metric, err)
+					return fmt.Errorf("%s: %w", kd.metric, err)
 				}
-				total = append(total, ms(c+d+a))
-				compile, diff, apply = append(compile, ms(c)), append(diff, ms(d)), append(apply, ms(a))
+				total, user, apply = append(total, ms(us+a)), append(user, ms(us)), append(apply, ms(a))
 			}
 			for run := range runs {
-				c := k.next(run)
-				took, err := u.viaDelta(c, k.neighbour(c))
+				took, err := u.viaDiff(kd.next(run))
 				if err != nil {
-					return fmt.Errorf("%s: %w", k.metric, err)
+					return fmt.Errorf("%s: %w", kd.metric, err)
 				}
-				delta = append(delta, ms(took))
+				full = append(full, ms(took))
 			}
 			for run := range runs {
-				took, err := u.viaText(k.next(run))
+				took, err := u.viaText(kd.next(run))
 				if err != nil {
-					return fmt.Errorf("%s: %w", k.metric, err)
+					return fmt.Errorf("%s: %w", kd.metric, err)
 				}
 				text = append(text, ms(took))
 			}
-			res.add(n, k.metric, methodNftproxy, total...)
-			res.add(n, k.metric, methodCompile, compile...)
-			res.add(n, k.metric, methodDiff, diff...)
-			res.add(n, k.metric, methodApply, apply...)
-			res.add(n, k.metric, methodDelta, delta...)
-			res.add(n, k.metric, methodNftText, text...)
+			if err := resync(); err != nil {
+				return err
+			}
+			res.add(n, kd.metric, methodNftproxy, total...)
+			res.add(n, kd.metric, methodCompile, user...)
+			res.add(n, kd.metric, methodApply, apply...)
+			res.add(n, kd.metric, methodFullDiff, full...)
+			res.add(n, kd.metric, methodNftText, text...)
 		}
 		return nil
 	})

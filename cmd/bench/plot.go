@@ -47,7 +47,7 @@ var methodStyle = map[string]struct {
 	methodNftproxy:        {color.RGBA{20, 80, 200, 255}, false},
 	methodCompile:         {color.RGBA{90, 160, 240, 255}, true},
 	methodApply:           {color.RGBA{0, 170, 190, 255}, true},
-	methodDelta:           {color.RGBA{30, 150, 60, 255}, false},
+	methodFullDiff:        {color.RGBA{30, 150, 60, 255}, true},
 	methodNftText:         {color.RGBA{240, 140, 0, 255}, false},
 	methodLegacy:          {color.RGBA{200, 30, 40, 255}, false},
 	methodLegacyPartial:   {color.RGBA{200, 30, 40, 255}, true},

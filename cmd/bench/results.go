@@ -27,12 +27,11 @@ const (
 
 // Methods: who did the work.
 const (
-	methodNftproxy        = "nftproxy"                         // compile + diff + one netlink batch
-	methodCompile         = "nftproxy compile"                 // proxier.Compile alone
-	methodDiff            = "nftproxy diff"                    // nftmodel.Diff alone
+	methodNftproxy        = "nftproxy"                         // full: compile + one netlink batch; update: proxier.Sync
+	methodCompile         = "nftproxy compile"                 // full: proxier.Compile; update: Sync's user-space share
 	methodApply           = "nftproxy netlink"                 // nftmodel.Apply / ApplyChanges alone
 	methodMemLimit        = "nftproxy, GOMEMLIMIT=" + memLimit // the same child with a soft memory limit
-	methodDelta           = "per-service delta"                // alternative: only the changed service recompiled
+	methodFullDiff        = "full compile + diff"              // the replaced update path: Compile + Diff + ApplyChanges
 	methodNftText         = "nft -f"                           // the same ruleset or change as nft text
 	methodLegacy          = "iptables-legacy-restore"          // kube-proxy's full-table restore
 	methodLegacyPartial   = "iptables-legacy --noflush"        // kube-proxy's partial restore
