@@ -1,5 +1,8 @@
 // Package proxier turns a k8s.Snapshot into nftproxy's nftables ruleset
-// (Compile, a pure function), and runs the sync loop that diffs it against
-// what the kernel holds, applies the difference in one netlink batch, cleans
-// stale conntrack flows and records health and metrics.
+// (Compile, a pure function, built from one piece per service port), and runs
+// the sync loop: a full sync applies the whole ruleset; a later one
+// recompiles only the service ports that changed and sends the changes of
+// their pieces (the incremental compiler), in one netlink batch either way.
+// After each sync it cleans stale conntrack flows and records health and
+// metrics.
 package proxier
