@@ -11,33 +11,31 @@ import (
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
-// incremental is one family's ruleset as applied, kept as the pieces of its
-// service ports, so that a new snapshot costs a cheap comparison per service
-// port plus a compile of the few that changed, instead of a compile and a
-// diff of everything: an endpoint change then stays O(1) at any scale.
+// incremental is one family's ruleset as applied, kept as the service ports
+// it was compiled from, so that a new snapshot costs a cheap comparison per
+// service port plus a compile of the few that changed, instead of a compile
+// and a diff of everything: an endpoint change then stays O(1) at any scale.
+// It holds no compiled pieces: compiling is deterministic, so the applied
+// piece of a changed service port is compiled again from its old version,
+// which saves the memory of a whole ruleset.
 type incremental struct {
-	c       *compiler
-	entries []entry // by name, as snapshots are sorted
-	spare   []entry // the previous entries' array, reused
+	c *compiler
+	// The service ports of the last snapshot, by name as snapshots are
+	// sorted. Snapshots are immutable; these point into the last one only,
+	// so older ones can be collected.
+	entries []*k8s.ServicePort
+	spare   []*k8s.ServicePort // the previous entries' array, reused
 	// Reference counts of what service ports share.
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
 	elementCount        int // set elements of the ruleset
 }
 
-// entry is a service port of the last snapshot and its piece. Snapshots are
-// immutable; every entry points into the last one only, so older ones can
-// be collected.
-type entry struct {
-	sp *k8s.ServicePort
-	p  *piece
-}
-
 // newIncremental compiles snap in full; the ruleset it returns is Compile's.
 func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 	s := &incremental{
 		c:          newCompiler(cfg, snap.Node),
-		entries:    make([]entry, len(snap.Services)),
+		entries:    make([]*k8s.ServicePort, len(snap.Services)),
 		shared:     map[sharedObj]int{},
 		hairpin:    map[netip.Addr]int{},
 		clusterIPs: map[netip.Addr]int{},
@@ -47,7 +45,7 @@ func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 		sp := &snap.Services[i]
 		p := s.c.piece(sp)
 		pieces[i] = p
-		s.entries[i] = entry{sp: sp, p: p}
+		s.entries[i] = sp
 		s.count(p, 1)
 	}
 	return s, s.c.assemble(pieces)
@@ -86,8 +84,8 @@ func (s *incremental) elements() int { return s.elementCount }
 // of the last update.
 func (s *incremental) ruleset() *m.Ruleset {
 	pieces := make([]*piece, len(s.entries))
-	for i := range s.entries {
-		pieces[i] = s.entries[i].p
+	for i, sp := range s.entries {
+		pieces[i] = s.c.piece(sp)
 	}
 	return s.c.assemble(pieces)
 }
@@ -113,38 +111,33 @@ func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
 		case len(cur) == 0:
 			c = -1
 		default:
-			c = compareNames(old[0].sp.Name, cur[0].Name)
+			c = compareNames(old[0].Name, cur[0].Name)
 		}
 		if c < 0 { // removed
-			if !d.replace(old[0].p, nil) {
+			if !d.replace(s.c.piece(old[0]), nil) {
 				return m.Changes{}, false
 			}
 			old = old[1:]
 			continue
 		}
 		sp := &cur[0]
-		if len(next) > 0 && compareNames(next[len(next)-1].sp.Name, sp.Name) >= 0 {
+		cur = cur[1:]
+		if len(next) > 0 && compareNames(next[len(next)-1].Name, sp.Name) >= 0 {
 			return m.Changes{}, false
 		}
-		e := entry{sp: sp}
+		next = append(next, sp)
 		var before *piece
 		if c == 0 {
-			same := sameServicePort(old[0].sp, sp)
-			before = old[0].p
+			prev := old[0]
 			old = old[1:]
-			if same {
-				e.p = before
-				next = append(next, e)
-				cur = cur[1:]
+			if sameServicePort(prev, sp) {
 				continue
 			}
+			before = s.c.piece(prev)
 		}
-		e.p = s.c.piece(sp)
-		if !d.replace(before, e.p) {
+		if !d.replace(before, s.c.piece(sp)) {
 			return m.Changes{}, false
 		}
-		next = append(next, e)
-		cur = cur[1:]
 	}
 	clear(s.entries)
 	s.entries, s.spare = next, s.entries
