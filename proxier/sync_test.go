@@ -32,6 +32,8 @@ func TestSyncFullThenDelta(t *testing.T) {
 	ctx := context.Background()
 	one := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
 	two := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3)}}
+	zoned := &k8s.Snapshot{Services: two.Services, Node: k8s.Node{Name: "node-1", Zone: "b"}}
+	unsorted := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3), svc("api", "http", "10.96.0.11", 1)}}
 
 	steps := []struct {
 		name string
@@ -46,6 +48,11 @@ func TestSyncFullThenDelta(t *testing.T) {
 		{name: "failed delta", snap: one, fail: errors.New("ENOBUFS"), want: []string{"delta ip"}},
 		{name: "after a failure the sync is full", snap: one, want: []string{"full ip"}},
 		{name: "forced full sync", snap: one, full: true, want: []string{"full ip"}},
+		{name: "endpoint change after a full sync is a delta", snap: two, want: []string{"delta ip"}},
+		// The endpoint choice depends on the node: everything is compiled again.
+		{name: "node change is full", snap: zoned, want: []string{"full ip"}},
+		// Only sorted snapshots can be walked beside the applied state.
+		{name: "unsorted snapshot is full", snap: unsorted, want: []string{"full ip"}},
 	}
 	for _, st := range steps {
 		k.calls, k.fail = nil, st.fail
