@@ -28,9 +28,11 @@ import (
 	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
@@ -82,6 +84,7 @@ func TestAPIServer(t *testing.T) {
 		{"MetricsAndHealth", testClusterMetricsAndHealth},
 		{"NetworkProgrammingIgnoresResyncs", testClusterNetworkProgrammingIgnoresResyncs},
 		{"DriftRepair", testClusterDriftRepair},
+		{"ServiceCIDRs", testClusterServiceCIDRs},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -515,6 +518,23 @@ func (s *clusterScenario) ruleset() string {
 	return out
 }
 
+// dropped asks addr with a short deadline and reports unless the packets
+// went nowhere: the ClusterIP of a deleted service is an unallocated address
+// of the cluster's ServiceCIDR, which nftproxy drops as kube-proxy does.
+func (s *clusterScenario) dropped(addr netip.AddrPort) error {
+	ctx, cancel := context.WithTimeout(s.ctx, 700*time.Millisecond)
+	defer cancel()
+	name, err := s.topo.Client.AskTCP(ctx, addr)
+	var ne net.Error
+	switch {
+	case err == nil:
+		return fmt.Errorf("%s answered by %s, want a drop", addr, name)
+	case !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()):
+		return fmt.Errorf("ask %s: %v, want a timeout (dropped)", addr, err)
+	}
+	return nil
+}
+
 // clusterRefused reports whether err is a connection refused or an ICMP
 // unreachable: an answer that comes at once, not a silent drop.
 func clusterRefused(err error) bool {
@@ -585,13 +605,8 @@ func testClusterIPFollowsSlices(t *testing.T, env *clusterEnv) {
 	if err := env.client.CoreV1().Services(s.ns).Delete(s.ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	took = s.eventually("service deleted", func() error {
-		if _, err := s.topo.Client.AskTCP(s.ctx, vip); !clusterRefused(err) {
-			return fmt.Errorf("ask %s: error %v, want refused or unreachable", vip, err)
-		}
-		return nil
-	})
-	t.Logf("Service deleted: ClusterIP refused after %s", took.Round(time.Millisecond))
+	took = s.eventually("service deleted", func() error { return s.dropped(vip) })
+	t.Logf("Service deleted: ClusterIP dropped (an unallocated address of the ServiceCIDR) after %s", took.Round(time.Millisecond))
 	// Its slices are still there (no garbage collector runs), but nothing of
 	// the service is left in the tables: they are as before it existed.
 	s.eventually("tables as before the service", func() error {
@@ -726,11 +741,7 @@ func testClusterPartition(t *testing.T, env *clusterEnv) {
 	ctx, cancel := context.WithTimeout(s.ctx, 45*time.Second) // client-go backs off up to ~30 s
 	defer cancel()
 	clusterEventually(ctx, t, "changes missed during the partition", func() error {
-		_, err := s.topo.Client.AskTCP(s.ctx, gone)
-		if !clusterRefused(err) {
-			return fmt.Errorf("deleted service %s: error %v, want refused or unreachable", gone, err)
-		}
-		return errors.Join(s.answeredBy(web, n2), s.answeredBy(late, n1))
+		return errors.Join(s.dropped(gone), s.answeredBy(web, n2), s.answeredBy(late, n1))
 	})
 	t.Logf("partitioned %s; every missed change applied %s after it ended",
 		back.Sub(cut).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
@@ -1088,6 +1099,68 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 			}
 		})
 	}
+}
+
+// testClusterServiceCIDRs: the daemon drops traffic to unallocated
+// addresses of the cluster's ServiceCIDR objects, the default one the API
+// server makes from --service-cluster-ip-range and those created later, and
+// stops when one is deleted.
+func testClusterServiceCIDRs(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-cidrs")
+	rule := func(cidr string) string { return "ip daddr " + cidr + " drop" }
+	if !strings.Contains(s.ruleset(), rule(apiserver.ServiceClusterIPRange)) {
+		t.Fatalf("the default ServiceCIDR %s is not dropped:\n%s", apiserver.ServiceClusterIPRange, s.ruleset())
+	}
+	const extra = "10.97.0.0/24"
+	unallocated := netip.MustParseAddrPort("10.97.0.5:80")
+	// The node has no route to it: before the ServiceCIDR, it is unreachable at once.
+	if _, err := s.topo.Client.AskTCP(s.ctx, unallocated); !clusterRefused(err) {
+		t.Fatalf("ask %s before its ServiceCIDR: %v, want unreachable", unallocated, err)
+	}
+	cidrs := env.client.NetworkingV1().ServiceCIDRs()
+	obj := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "e2e-extra"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{extra}}}
+	if _, err := cidrs.Create(s.ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// No controller manager runs: the test removes the finalizer the
+	// controller would, so the deletion completes.
+	deleteCIDR := func(ctx context.Context) error {
+		if err := cidrs.Delete(ctx, obj.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		_, err := cidrs.Patch(ctx, obj.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	t.Cleanup(func() {
+		// The test's contexts are done by now.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := deleteCIDR(ctx); err != nil {
+			t.Errorf("delete ServiceCIDR: %v", err)
+		}
+	})
+	s.eventually("new ServiceCIDR dropped", func() error {
+		if !strings.Contains(s.ruleset(), rule(extra)) {
+			return fmt.Errorf("no %q in the ruleset", rule(extra))
+		}
+		return s.dropped(unallocated)
+	})
+	if err := deleteCIDR(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually("deleted ServiceCIDR no longer dropped", func() error {
+		if strings.Contains(s.ruleset(), rule(extra)) {
+			return fmt.Errorf("%q still in the ruleset", rule(extra))
+		}
+		if _, err := s.topo.Client.AskTCP(s.ctx, unallocated); !clusterRefused(err) {
+			return fmt.Errorf("ask %s: %v, want unreachable", unallocated, err)
+		}
+		return nil
+	})
 }
 
 // clusterSortedBlocks returns an nft listing with its tables, and the

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -33,7 +34,7 @@ func proxiedSelector() string {
 
 // RunInformers starts informers on Services, EndpointSlices and, when
 // nodeName is set, this node's Node, all in one shared factory, feeding
-// tracker. They stop when ctx ends. synced reports true once every informer
+// tracker; and on ServiceCIDRs when the API server serves them. They stop when ctx ends. synced reports true once every informer
 // has listed and the tracker has received everything listed: apply nothing
 // before, or the first sync would remove every service (see WaitForSync).
 func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName string, tracker *Tracker, log *zap.Logger) (synced func() bool) {
@@ -92,6 +93,19 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		})
 	}
 
+	if servesServiceCIDRs(client, log) {
+		// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
+		cidrs := informers.NewSharedInformerFactory(client, 0).Networking().V1().ServiceCIDRs().Informer()
+		add(KindServiceCIDR, cidrs, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
+			UpdateFunc: func(_, obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
+			DeleteFunc: func(obj any) {
+				deleteKey(log, KindServiceCIDR, obj, func(_, name string) { tracker.DeleteServiceCIDR(name) })
+			},
+		})
+		go cidrs.RunWithContext(ctx)
+	}
+
 	factory.Start(ctx.Done())
 	go func() {
 		<-ctx.Done()
@@ -105,6 +119,24 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		}
 		return true
 	}
+}
+
+// servesServiceCIDRs tells whether the API server has networking.k8s.io/v1
+// ServiceCIDRs (Kubernetes 1.33 and later): an informer on a resource the
+// server lacks would never sync, and nothing would ever be applied.
+func servesServiceCIDRs(client kubernetes.Interface, log *zap.Logger) bool {
+	list, err := client.Discovery().ServerResourcesForGroupVersion(networkingv1.SchemeGroupVersion.String())
+	if err != nil {
+		log.Info("Not watching ServiceCIDRs: the API server does not list networking.k8s.io/v1", zap.Error(err))
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "servicecidrs" {
+			return true
+		}
+	}
+	log.Info("Not watching ServiceCIDRs: the API server does not serve them")
+	return false
 }
 
 // WaitForSync waits until synced reports true or ctx ends.

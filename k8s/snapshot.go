@@ -89,4 +89,7 @@ type Node struct {
 type Snapshot struct {
 	Services []ServicePort
 	Node     Node
+	// ServiceCIDRs are the ranges of the cluster's ServiceCIDR objects,
+	// sorted: ClusterIPs come from them.
+	ServiceCIDRs []netip.Prefix
 }

@@ -48,8 +48,10 @@ type Tracker struct {
 	byService map[types.NamespacedName]map[string]*sliceEntry // by slice name
 	merged    map[types.NamespacedName][]ServicePort          // with endpoints; built lazily
 	node      *nodeEntry
-	snap      *Snapshot // nil when something changed since the last one
-	stats     Stats
+	// ServiceCIDR objects by name.
+	serviceCIDRs map[string]*serviceCIDREntry
+	snap         *Snapshot // nil when something changed since the last one
+	stats        Stats
 
 	// Kept between snapshots while no service changes.
 	servicesDirty bool
@@ -375,7 +377,7 @@ func (t *Tracker) build() (*Snapshot, []error) {
 		fresh = t.sortAndCheck()
 		t.servicesDirty = false
 	}
-	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode()}
+	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode(), ServiceCIDRs: t.allServiceCIDRs()}
 	for _, key := range t.keys {
 		m, ok := t.merged[key]
 		if !ok {

@@ -45,7 +45,7 @@ var (
 // Compile builds the ruleset of one family from a snapshot. It is pure and
 // deterministic: the same input gives the same ruleset, sorted.
 func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
-	c := newCompiler(cfg, snap.Node)
+	c := newCompiler(cfg, snap)
 	pieces := make([]*piece, len(snap.Services))
 	for i := range snap.Services {
 		pieces[i] = c.piece(&snap.Services[i])
@@ -98,12 +98,13 @@ func compareShared(a, b sharedObj) int {
 // besides its service port: the configuration, the node and the
 // declarations of the shared sets.
 type compiler struct {
-	cfg     Config
-	node    k8s.Node
-	addrT   m.DataType
-	vipT    []m.DataType
-	targetT []m.DataType
-	npT     []m.DataType
+	cfg          Config
+	node         k8s.Node
+	serviceCIDRs []netip.Prefix // the snapshot's, already in cfg
+	addrT        m.DataType
+	vipT         []m.DataType
+	targetT      []m.DataType
+	npT          []m.DataType
 
 	// Declarations of the shared sets, without elements.
 	serviceIPs, serviceNodePorts       *m.Set
@@ -112,18 +113,22 @@ type compiler struct {
 	slots, nodePortSlots               []*m.Set // by index, made on demand
 }
 
-func newCompiler(cfg Config, node k8s.Node) *compiler {
+// newCompiler prepares the compilation of snap's service ports: the ranges
+// of the snapshot's ServiceCIDR objects join the configured ones.
+func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
+	cfg.ServiceCIDRs = withServiceCIDRs(cfg.ServiceCIDRs, snap.ServiceCIDRs)
 	addrT := m.TypeIPv4Addr
 	if cfg.Family == m.IPv6 {
 		addrT = m.TypeIPv6Addr
 	}
 	c := &compiler{
-		cfg:     cfg,
-		node:    node,
-		addrT:   addrT,
-		vipT:    []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
-		targetT: []m.DataType{addrT, m.TypeInetService},
-		npT:     []m.DataType{m.TypeInetProto, m.TypeInetService},
+		cfg:          cfg,
+		node:         snap.Node,
+		serviceCIDRs: snap.ServiceCIDRs,
+		addrT:        addrT,
+		vipT:         []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
+		targetT:      []m.DataType{addrT, m.TypeInetService},
+		npT:          []m.DataType{m.TypeInetProto, m.TypeInetService},
 	}
 	verdict := []m.DataType{m.TypeVerdict}
 	c.serviceIPs = &m.Set{Name: mapServiceIPs, Key: c.vipT, Data: verdict}
@@ -134,6 +139,18 @@ func newCompiler(cfg Config, node k8s.Node) *compiler {
 	c.firewallIPs = &m.Set{Name: mapFirewallIPs, Key: c.vipT, Data: verdict}
 	c.clusterIPs = &m.Set{Name: setClusterIPs, Key: []m.DataType{addrT}}
 	return c
+}
+
+// withServiceCIDRs adds the snapshot's ranges to the configured ones, each
+// once.
+func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(configured)
+	for _, p := range fromCluster {
+		if !slices.ContainsFunc(out, func(q netip.Prefix) bool { return q.Masked() == p.Masked() }) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // fixedSets are the declarations of the sets every ruleset has, in the

@@ -177,3 +177,22 @@ func TestCompileDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceCIDRsFromSnapshot: the ranges of the cluster's ServiceCIDR
+// objects act like --service-cidr, and a range in both counts once.
+func TestServiceCIDRsFromSnapshot(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")
+	services := []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)}
+	flag := Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, ServiceCIDRs: []netip.Prefix{v4, v6}}
+	want := m.Render(Compile(&k8s.Snapshot{Services: services}, flag))
+	noFlag := flag
+	noFlag.ServiceCIDRs = nil
+	for name, got := range map[string]*m.Ruleset{
+		"from the snapshot": Compile(&k8s.Snapshot{Services: services, ServiceCIDRs: []netip.Prefix{v4, v6}}, noFlag),
+		"from both":         Compile(&k8s.Snapshot{Services: services, ServiceCIDRs: []netip.Prefix{v4}}, flag),
+	} {
+		if diff := cmp.Diff(want, m.Render(got)); diff != "" {
+			t.Errorf("%s (-flag +got):\n%s", name, diff)
+		}
+	}
+}

@@ -34,7 +34,7 @@ type incremental struct {
 // newIncremental compiles snap in full; the ruleset it returns is Compile's.
 func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 	s := &incremental{
-		c:          newCompiler(cfg, snap.Node),
+		c:          newCompiler(cfg, snap),
 		entries:    make([]*k8s.ServicePort, len(snap.Services)),
 		shared:     map[sharedObj]int{},
 		hairpin:    map[netip.Addr]int{},
@@ -93,11 +93,12 @@ func (s *incremental) ruleset() *m.Ruleset {
 // update brings the state to snap and returns the changes that bring the
 // kernel along. It walks the sorted snapshot and the sorted entries side by
 // side, so a service port that did not change costs a comparison. It
-// reports false when snap can't be reached incrementally (the node changed,
-// an affinity set changed its timeout, the snapshot is not sorted by name);
-// the state is then spoiled and the caller must start over with a full sync.
+// reports false when snap can't be reached incrementally (the node or the
+// service CIDRs changed, an affinity set changed its timeout, the snapshot
+// is not sorted by name); the state is then spoiled and the caller must
+// start over with a full sync.
 func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
-	if !reflect.DeepEqual(s.c.node, snap.Node) {
+	if !reflect.DeepEqual(s.c.node, snap.Node) || !slices.Equal(s.c.serviceCIDRs, snap.ServiceCIDRs) {
 		return m.Changes{}, false
 	}
 	d := newDelta(s)

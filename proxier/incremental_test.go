@@ -151,14 +151,21 @@ func TestIncrementalNoChange(t *testing.T) {
 	}
 }
 
-func TestIncrementalRefusesNodeChange(t *testing.T) {
-	g := newRandomSnapshots(3)
-	snap := g.next()
-	state, _ := newIncremental(snap, incrementalConfigs[0])
-	moved := *snap
-	moved.Node.Zone = "b"
-	if _, ok := state.update(&moved); ok {
-		t.Fatal("update after a node change succeeded; the endpoint choice depends on the node, so it must be full")
+// TestIncrementalRefusesContextChange: what every piece depends on (the
+// node for the endpoint choice, the service CIDRs for the fixed chains)
+// changed, so everything must be compiled again.
+func TestIncrementalRefusesContextChange(t *testing.T) {
+	for name, change := range map[string]func(*k8s.Snapshot){
+		"node zone":     func(s *k8s.Snapshot) { s.Node.Zone = "b" },
+		"service CIDRs": func(s *k8s.Snapshot) { s.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")} },
+	} {
+		snap := newRandomSnapshots(3).next()
+		state, _ := newIncremental(snap, incrementalConfigs[0])
+		changed := *snap
+		change(&changed)
+		if _, ok := state.update(&changed); ok {
+			t.Errorf("%s changed: update succeeded, want a full sync", name)
+		}
 	}
 }
 
