@@ -54,6 +54,7 @@ func run(args []string) error {
 		return err
 	}
 	logger := newLogger(o.verbosity)
+	routeKlog(logger, o.verbosity)
 	defer func() { _ = logger.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -73,15 +74,8 @@ func run(args []string) error {
 // newLogger logs structured lines to stderr; -v 2 enables debug, -v 4 also
 // the full ruleset text of each sync.
 func newLogger(v int) *zap.Logger {
-	level := zapcore.InfoLevel
-	switch {
-	case v >= 4:
-		level = zapcore.DebugLevel - 1
-	case v >= 2:
-		level = zapcore.DebugLevel
-	}
 	cfg := zap.NewProductionEncoderConfig()
 	cfg.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.Lock(os.Stderr), level)
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.Lock(os.Stderr), level(v))
 	return zap.New(core)
 }
