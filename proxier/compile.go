@@ -111,6 +111,19 @@ type compiler struct {
 	noEndpointIPs, noEndpointNodePorts *m.Set
 	hairpin, firewallIPs, clusterIPs   *m.Set
 	slots, nodePortSlots               []*m.Set // by index, made on demand
+
+	// Verdicts are immutable: elements going to the same chain share one.
+	gotos map[string]*m.Verdict
+}
+
+// gotoVerdict returns the shared verdict "goto chain".
+func (c *compiler) gotoVerdict(chain string) *m.Verdict {
+	v, ok := c.gotos[chain]
+	if !ok {
+		v = &m.Verdict{Kind: m.Goto, Chain: chain}
+		c.gotos[chain] = v
+	}
+	return v
 }
 
 // newCompiler prepares the compilation of snap's service ports: the ranges
@@ -129,6 +142,7 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 		vipT:         []m.DataType{addrT, m.TypeInetProto, m.TypeInetService},
 		targetT:      []m.DataType{addrT, m.TypeInetService},
 		npT:          []m.DataType{m.TypeInetProto, m.TypeInetService},
+		gotos:        map[string]*m.Verdict{},
 	}
 	verdict := []m.DataType{m.TypeVerdict}
 	c.serviceIPs = &m.Set{Name: mapServiceIPs, Key: c.vipT, Data: verdict}
@@ -183,9 +197,19 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	}
 	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
 	internal := choice.internal(sp)
-	for _, e := range slices.Concat(choice.cluster, choice.local) {
-		if !slices.Contains(p.hairpin, e.Addr) {
-			p.hairpin = append(p.hairpin, e.Addr)
+	// Room for the elements at once: a key per address and the node port,
+	// each with its endpoints' slots.
+	keys := len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
+	if sp.NodePort != 0 {
+		keys++
+	}
+	p.elements = make([]keyedElement, 0, keys*(len(sp.Endpoints)+1))
+	p.uses = make([]sharedObj, 0, keys*(len(sp.Endpoints)+1))
+	for _, eps := range [][]k8s.Endpoint{choice.cluster, choice.local} {
+		for _, e := range eps {
+			if !slices.Contains(p.hairpin, e.Addr) {
+				p.hairpin = append(p.hairpin, e.Addr)
+			}
 		}
 	}
 	proto := m.N(uint32(sp.Name.Protocol.Number()))
@@ -205,8 +229,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: v}})
 	}
 	dispatch := func(set *m.Set, key []m.Value, chain string) {
-		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment,
-			Verdict: &m.Verdict{Kind: m.Goto, Chain: chain}}})
+		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: c.gotoVerdict(chain)}})
 	}
 	// shared dispatches through the chain of kind for len(eps) endpoints
 	// and fills the slots of that many endpoints.
@@ -214,10 +237,12 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		obj := sharedObj{kind, len(eps)}
 		dispatch(set, key, c.sharedChainName(obj))
 		p.uses = append(p.uses, obj)
+		data := make([]m.Value, 0, 2*len(eps)) // one allocation for every slot's target
 		for i, e := range eps {
 			p.uses = append(p.uses, sharedObj{slot, i})
+			data = append(data, m.A(e.Addr), m.N(uint32(e.Port)))
 			p.elements = append(p.elements, keyedElement{c.slotSet(slot, i),
-				m.Element{Key: key, Data: []m.Value{m.A(e.Addr), m.N(uint32(e.Port))}}})
+				m.Element{Key: key, Data: data[2*i : 2*i+2 : 2*i+2]}})
 		}
 	}
 
@@ -282,8 +307,21 @@ func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 // assemble builds the ruleset out of the pieces of every service port, in
 // service order.
 func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
-	elements := map[*m.Set][]m.Element{}
-	hairpin, clusterIPs := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	// Counted first, so each set's elements are allocated once.
+	counts := map[*m.Set]int{}
+	nHairpin, nClusterIPs := 0, 0
+	for _, p := range pieces {
+		for _, ke := range p.elements {
+			counts[ke.set]++
+		}
+		nHairpin += len(p.hairpin)
+		nClusterIPs += len(p.clusterIPs)
+	}
+	elements := make(map[*m.Set][]m.Element, len(counts))
+	for set, n := range counts {
+		elements[set] = make([]m.Element, 0, n)
+	}
+	hairpin, clusterIPs := make(map[netip.Addr]bool, nHairpin), make(map[netip.Addr]bool, nClusterIPs)
 	used := map[sharedObj]bool{}
 	var ownSets []*m.Set
 	var ownChains []*m.Chain
@@ -303,9 +341,11 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		ownSets = append(ownSets, p.sets...)
 		ownChains = append(ownChains, p.chains...)
 	}
+	elements[c.hairpin] = make([]m.Element, 0, len(hairpin))
 	for a := range hairpin {
 		elements[c.hairpin] = append(elements[c.hairpin], hairpinElement(a))
 	}
+	elements[c.clusterIPs] = make([]m.Element, 0, len(clusterIPs))
 	for a := range clusterIPs {
 		elements[c.clusterIPs] = append(elements[c.clusterIPs], clusterIPElement(a))
 	}

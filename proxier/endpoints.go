@@ -26,10 +26,13 @@ func (e endpointChoice) internal(sp *k8s.ServicePort) []k8s.Endpoint {
 // the cluster-wide and the local choice). Topology hints narrow the cluster
 // choice when every endpoint carries them and some match this node.
 func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(k8s.Endpoint) bool) endpointChoice {
-	var eps []k8s.Endpoint
-	for _, e := range sp.Endpoints {
-		if inFamily(e) {
-			eps = append(eps, e)
+	eps := sp.Endpoints
+	if !allOf(eps, inFamily) {
+		eps = nil
+		for _, e := range sp.Endpoints {
+			if inFamily(e) {
+				eps = append(eps, e)
+			}
 		}
 	}
 	isLocal := func(e k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
@@ -41,6 +44,10 @@ func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(k8s.Endp
 }
 
 func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
+	// The common case, every endpoint kept and ready, needs no copy.
+	if allOf(eps, func(e k8s.Endpoint) bool { return e.Ready && keep(e) }) {
+		return eps
+	}
 	var ready, terminating []k8s.Endpoint
 	for _, e := range eps {
 		switch {
@@ -89,4 +96,13 @@ func hintsMatch(eps []k8s.Endpoint, hints func(k8s.Endpoint) []string, match fun
 		found = found || match(e)
 	}
 	return found
+}
+
+func allOf(eps []k8s.Endpoint, f func(k8s.Endpoint) bool) bool {
+	for _, e := range eps {
+		if !f(e) {
+			return false
+		}
+	}
+	return true
 }
