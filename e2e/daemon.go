@@ -87,6 +87,12 @@ func (d *Daemon) WaitSynced(ctx context.Context, n int) error {
 // Syncs counts the successful syncs logged so far.
 func (d *Daemon) Syncs() int { return strings.Count(d.Log(), `"msg":"Synced"`) }
 
+// ResyncsSkipped counts the periodic full syncs the daemon skipped because
+// nothing committed to nftables since its last sync (logged with -v 2).
+func (d *Daemon) ResyncsSkipped() int {
+	return strings.Count(d.Log(), `"msg":"Resync skipped`)
+}
+
 // Stop sends SIGTERM and waits for the process to exit; it is killed if it
 // takes longer than five seconds.
 func (d *Daemon) Stop() error {

@@ -157,6 +157,7 @@ func BenchmarkSync(b *testing.B) {
 type nopKernel struct{ full, deltas int }
 
 func (k *nopKernel) Apply(*m.Ruleset) (m.Stats, error) { k.full++; return m.Stats{}, nil }
+func (k *nopKernel) Generation() (uint32, error)       { return 0, nil }
 func (k *nopKernel) ApplyChanges(m.Family, string, *m.Changes) (m.Stats, error) {
 	k.deltas++
 	return m.Stats{}, nil

@@ -17,6 +17,7 @@ type Metrics struct {
 	ServiceChanges     prometheus.Counter
 	FullSyncs          prometheus.Counter
 	SyncFailures       prometheus.Counter
+	ResyncsSkipped     prometheus.Counter
 	BatchMessages      prometheus.Histogram
 	InvalidObjects     *prometheus.CounterVec
 	ConntrackDeleted   prometheus.Counter
@@ -44,6 +45,8 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_sync_full_total", Help: "Syncs that replaced the whole table."}),
 		SyncFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nftproxy_sync_failures_total", Help: "Syncs whose netlink batch failed."}),
+		ResyncsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nftproxy_resync_skipped_total", Help: "Periodic full syncs skipped because no nftables commit happened since the last sync."}),
 		BatchMessages: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "nftproxy_batch_messages", Help: "Netlink messages per applied batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 12)}),
 		InvalidObjects: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -56,7 +59,7 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_ruleset_elements", Help: "Set and map elements in the applied ruleset."}, []string{"family"}),
 	}
 	mt.Registry.MustRegister(mt.SyncDuration, mt.SyncLastTimestamp, mt.NetworkProgramming, mt.EndpointChanges,
-		mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.BatchMessages, mt.InvalidObjects,
+		mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.BatchMessages, mt.InvalidObjects,
 		mt.ConntrackDeleted, mt.ConntrackDuration, mt.RulesetElements,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return mt

@@ -17,6 +17,9 @@ import (
 type Kernel interface {
 	Apply(rs *m.Ruleset) (m.Stats, error)
 	ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error)
+	// Generation is the namespace's nftables ruleset generation, which
+	// every commit of any program increments.
+	Generation() (uint32, error)
 }
 
 // FlowCleaner deletes conntrack flows a sync made stale.
@@ -49,6 +52,12 @@ type Proxier struct {
 	opts    Options
 	applied map[m.Family]*incremental // nil entry: kernel state unknown, next sync is full
 	prev    *k8s.Snapshot
+	// gen is the ruleset generation the last sync left, when its own
+	// commits were the only ones during the sync (genKnown).
+	gen      uint32
+	genKnown bool
+	// flowsFailed: the last conntrack cleanup failed; the next sync retries.
+	flowsFailed bool
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -102,6 +111,9 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			p.opts.Health.Queued()
 			continue
 		case <-resync.C:
+			if !failed && p.unchanged() {
+				continue
+			}
 			pending, full = true, true
 			continue
 		case <-due:
@@ -121,6 +133,25 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 	}
 }
 
+// unchanged tells whether no nftables commit happened in the namespace since
+// the last sync, so the tables are as it left them: a periodic full sync,
+// there to repair drift, would find none and is skipped (counted, and
+// reported in the last-sync timestamp, as it verified the rules). Not while
+// a conntrack cleanup waits for its retry.
+func (p *Proxier) unchanged() bool {
+	if !p.genKnown || p.flowsFailed {
+		return false
+	}
+	gen, err := p.opts.Kernel.Generation()
+	if err != nil || gen != p.gen {
+		return false
+	}
+	p.opts.Metrics.ResyncsSkipped.Inc()
+	p.opts.Metrics.SyncLastTimestamp.SetToCurrentTime()
+	p.opts.Logger.Debug("Resync skipped: no nftables commit since the last sync", zap.Uint32("generation", gen))
+	return true
+}
+
 // Sync compiles snap and brings every family's table to it: the whole table
 // when full or when the kernel state is unknown, otherwise only the diff.
 // On error the old ruleset stays in the kernel and the next sync is full.
@@ -128,6 +159,11 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	start := time.Now()
 	log := p.opts.Logger
 	mt := p.opts.Metrics
+	// The generation before and after tells whether the sync's commits
+	// were the only ones; only then is the kernel known to hold our rules.
+	p.genKnown = false
+	before, genErr := p.opts.Kernel.Generation()
+	var commits uint32
 	svcChanges, epChanges := countChanges(p.prev, snap)
 	mt.ServiceChanges.Add(float64(svcChanges))
 	mt.EndpointChanges.Add(float64(epChanges))
@@ -141,6 +177,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 			return fmt.Errorf("sync %s table: %w", cfg.Family, err)
 		}
 		p.applied[cfg.Family] = state
+		if kind != "none" {
+			commits++
+		}
 		if kind == "full" {
 			mt.FullSyncs.Inc()
 		}
@@ -153,6 +192,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
 			ce.Write(zap.String("ruleset", m.Render(state.ruleset())))
 		}
+	}
+	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits {
+		p.gen, p.genKnown = after, true
 	}
 	elapsed := time.Since(start)
 	mt.SyncDuration.Observe(elapsed.Seconds())
@@ -197,6 +239,7 @@ func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
 	deleted, err := p.opts.Flows.Clean(ctx, p.prev, snap)
 	p.opts.Metrics.ConntrackDuration.Observe(time.Since(start).Seconds())
 	p.opts.Metrics.ConntrackDeleted.Add(float64(deleted))
+	p.flowsFailed = err != nil
 	if err != nil {
 		// Not fatal: the next sync tries again.
 		p.opts.Logger.Warn("Cleaning stale conntrack entries failed", zap.Int("deleted", deleted), zap.Error(err))

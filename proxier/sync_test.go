@@ -14,15 +14,24 @@ import (
 type recordingKernel struct {
 	calls []string
 	fail  error
+	gen   uint32 // incremented by each successful batch, like the kernel's
 }
+
+func (k *recordingKernel) Generation() (uint32, error) { return k.gen, nil }
 
 func (k *recordingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	k.calls = append(k.calls, "full "+rs.Family.String())
+	if k.fail == nil {
+		k.gen++
+	}
 	return m.Stats{Messages: 100}, k.fail
 }
 
 func (k *recordingKernel) ApplyChanges(f m.Family, _ string, c *m.Changes) (m.Stats, error) {
 	k.calls = append(k.calls, "delta "+f.String())
+	if k.fail == nil {
+		k.gen++
+	}
 	return m.Stats{Messages: 4}, k.fail
 }
 
@@ -78,4 +87,53 @@ func TestCountChanges(t *testing.T) {
 	if svcs != 2 || eps != 2 {
 		t.Errorf("countChanges = %d services, %d endpoints; want 2, 2", svcs, eps)
 	}
+}
+
+// TestResyncSkippedWhileNothingCommitted: a periodic resync is needed only
+// when some nftables commit happened since the last sync (the generation
+// moved); a sync whose batches were not the only commits leaves it unknown.
+func TestResyncSkippedWhileNothingCommitted(t *testing.T) {
+	k := &recordingKernel{}
+	p := New(Options{Configs: []Config{testConfig}, Kernel: k})
+	snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if !p.unchanged() {
+		t.Error("right after a sync: resync not skipped")
+	}
+	k.gen++ // someone else committed, maybe to our table
+	if p.unchanged() {
+		t.Error("after another program's commit: resync skipped")
+	}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if !p.unchanged() {
+		t.Error("after the repairing sync: resync not skipped")
+	}
+	// A commit of someone else during the sync: the kernel may not hold
+	// what the sync sent.
+	racing := &racingKernel{recordingKernel: k}
+	p.opts.Kernel = racing
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if p.unchanged() {
+		t.Error("after a sync with a concurrent commit: resync skipped")
+	}
+	k.fail = errors.New("ENOMEM")
+	_ = p.Sync(context.Background(), snap, true)
+	if p.unchanged() {
+		t.Error("after a failed sync: resync skipped")
+	}
+}
+
+// racingKernel commits once more, as another program would, in every
+// batch it is given.
+type racingKernel struct{ *recordingKernel }
+
+func (k *racingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	k.gen++
+	return k.recordingKernel.Apply(rs)
 }

@@ -222,6 +222,14 @@ func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.St
 	return st, err
 }
 
+func (k *timedKernel) Generation() (uint32, error) {
+	gen, err := k.conn.GetGen()
+	if err != nil {
+		return 0, fmt.Errorf("get ruleset generation: %w", err)
+	}
+	return gen.ID, nil
+}
+
 // change is one update: the snapshot after it and the service it touched.
 type change struct {
 	snap    *k8s.Snapshot

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/google/nftables"
 
@@ -21,6 +22,14 @@ func (k netlinkKernel) Apply(rs *nftmodel.Ruleset) (nftmodel.Stats, error) {
 
 func (k netlinkKernel) ApplyChanges(f nftmodel.Family, table string, c *nftmodel.Changes) (nftmodel.Stats, error) {
 	return nftmodel.ApplyChanges(k.conn, f, table, c)
+}
+
+func (k netlinkKernel) Generation() (uint32, error) {
+	gen, err := k.conn.GetGen()
+	if err != nil {
+		return 0, fmt.Errorf("get ruleset generation: %w", err)
+	}
+	return gen.ID, nil
 }
 
 // flowCleaner adapts the conntrack reconciler to the proxier.
