@@ -215,7 +215,7 @@ func (r *Results) markdown() string {
 	r.writeDataplane(p, &b)
 
 	p("## The daemon\n\n")
-	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on one manifest file holding the same services and their EndpointSlices, with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic full resyncs (*steady state*); *peak* is `VmHWM`; *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included).\n\n", daemonSyncPeriod, daemonResyncs)
+	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on one manifest file holding the same services and their EndpointSlices, with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is `VmHWM`; *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included).\n\n", daemonSyncPeriod, daemonResyncs)
 	d := &table{head: []string{"services", "start-up to first sync", "RSS after the first sync", "RSS at steady state", "peak RSS", "Go heap"}}
 	for _, n := range r.Sizes {
 		d.rows = append(d.rows, []string{fmt.Sprint(n), r.cell(n, metricDaemonStart, methodDaemon, fmtMS),
