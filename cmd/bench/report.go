@@ -321,10 +321,10 @@ func (r *Results) writeGoBench(p func(string, ...any), b *strings.Builder) {
 		return
 	}
 	p("## Go benchmarks\n\n")
-	p("`go test -run '^$' -bench . -benchmem -benchtime 3x ./proxier/` (in `proxier/bench_test.go`, same services as above): the user-space share of a sync. *EndpointUpdate* is compile + diff for one changed endpoint.\n\n")
+	p("`go test -run '^$' -bench . -benchmem -benchtime 3x ./proxier/` (in `proxier/bench_test.go`, same services as above): the user-space share of a sync. *Compile* is a full sync's compile; *Diff* compares two whole compiled rulesets (kept for tools and tests; the daemon no longer diffs whole rulesets); *Sync* is `proxier.Sync` of one change with a kernel that does nothing — the incremental compiler's whole share of an update.\n\n")
 	t := &table{head: []string{"benchmark", "time/op", "memory/op", "allocations/op"}}
 	for _, g := range r.GoBench {
-		t.rows = append(t.rows, []string{"`" + g.Name + "`", fmtMS(g.NsPerOp / 1e6), fmt.Sprintf("%.1f MiB", g.BytesPerOp/(1<<20)), fmt.Sprintf("%.0f", g.AllocsPerOp)})
+		t.rows = append(t.rows, []string{"`" + g.Name + "`", fmtMS(g.NsPerOp / 1e6), fmtBytes(g.BytesPerOp), fmt.Sprintf("%.0f", g.AllocsPerOp)})
 	}
 	t.write(b)
 }
@@ -421,4 +421,15 @@ func (r *Results) writeDataplaneAnalysis(p func(string, ...any)) {
 	}
 	p("**Dataplane.** At %d services the median connect takes %s to the first service and %s to the last with nftproxy (%+.0f%%): a packet costs a few hash lookups whatever N is. With kube-proxy's iptables ruleset it is %s and %s (%+.0f%%): the first packet of each connection walks `KUBE-SERVICES` rule by rule, so the last service pays for all N rules before it.\n",
 		n, fmtMS(nf), fmtMS(nl), (nl/nf-1)*100, fmtMS(lf), fmtMS(ll), (ll/lf-1)*100)
+}
+
+// fmtBytes prints a size in the unit that suits it.
+func fmtBytes(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
 }
