@@ -421,6 +421,13 @@ func TestSemAffinitySurvivesResync(t *testing.T) {
 		return n
 	}
 	n := fulls()
+	// Any other nftables commit in the namespace makes the next periodic
+	// resync a full one (without, it is skipped).
+	for _, cmd := range [][]string{{"add", "table", "ip", "e2e-poke"}, {"delete", "table", "ip", "e2e-poke"}} {
+		if out, err := s.topo.Node.Exec(append([]string{"nft"}, cmd...)...); err != nil {
+			t.Fatalf("nft %v: %v\n%s", cmd, err, out)
+		}
+	}
 	for fulls() == n {
 		select {
 		case <-s.ctx.Done():

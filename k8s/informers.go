@@ -3,11 +3,13 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -93,18 +95,35 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		})
 	}
 
-	if servesServiceCIDRs(client, log) {
-		// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
-		cidrs := informers.NewSharedInformerFactory(client, 0).Networking().V1().ServiceCIDRs().Informer()
-		add(KindServiceCIDR, cidrs, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
-			UpdateFunc: func(_, obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
-			DeleteFunc: func(obj any) {
-				deleteKey(log, KindServiceCIDR, obj, func(_, name string) { tracker.DeleteServiceCIDR(name) })
-			},
-		})
-		go cidrs.RunWithContext(ctx)
-	}
+	// Whether to watch ServiceCIDRs is a question for the API server, which
+	// may be down right now: ask in the background so that startup (and a
+	// SIGTERM during it) never waits on it; synced stays false until answered.
+	var cidrsSynced atomic.Pointer[func() bool]
+	go func() {
+		serves, err := waitServesServiceCIDRs(ctx, client, log)
+		if err != nil {
+			return // ctx ended
+		}
+		done := func() bool { return true }
+		if serves {
+			// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
+			inf := informers.NewSharedInformerFactory(client, 0).Networking().V1().ServiceCIDRs().Informer()
+			reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
+				UpdateFunc: func(_, obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
+				DeleteFunc: func(obj any) {
+					deleteKey(log, KindServiceCIDR, obj, func(_, name string) { tracker.DeleteServiceCIDR(name) })
+				},
+			})
+			if err != nil {
+				log.Error("Failed to add event handler", zap.String("kind", KindServiceCIDR), zap.Error(err))
+				return
+			}
+			done = reg.HasSynced
+			go inf.RunWithContext(ctx)
+		}
+		cidrsSynced.Store(&done)
+	}()
 
 	factory.Start(ctx.Done())
 	go func() {
@@ -112,6 +131,9 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		factory.Shutdown()
 	}()
 	return func() bool {
+		if f := cidrsSynced.Load(); f == nil || !(*f)() {
+			return false
+		}
 		for _, r := range regs {
 			if !r.HasSynced() {
 				return false
@@ -121,22 +143,59 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 	}
 }
 
-// servesServiceCIDRs tells whether the API server has networking.k8s.io/v1
+// waitServesServiceCIDRs tells whether the API server has networking.k8s.io/v1
 // ServiceCIDRs (Kubernetes 1.33 and later): an informer on a resource the
-// server lacks would never sync, and nothing would ever be applied.
-func servesServiceCIDRs(client kubernetes.Interface, log *zap.Logger) bool {
-	list, err := client.Discovery().ServerResourcesForGroupVersion(networkingv1.SchemeGroupVersion.String())
-	if err != nil {
-		log.Info("Not watching ServiceCIDRs: the API server does not list networking.k8s.io/v1", zap.Error(err))
-		return false
+// server lacks would never sync, and nothing would ever be applied. It asks
+// until the server answers or ctx ends (the only error).
+func waitServesServiceCIDRs(ctx context.Context, client kubernetes.Interface, log *zap.Logger) (bool, error) {
+	delay := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		serves, err := servesServiceCIDRs(ctx, client)
+		if err == nil {
+			if !serves {
+				log.Info("Not watching ServiceCIDRs: the API server does not serve them")
+			}
+			return serves, nil
+		}
+		lvl := log.Debug
+		if attempt == 0 {
+			lvl = log.Info
+		}
+		lvl("Cannot tell yet whether the API server serves ServiceCIDRs; retrying", zap.Duration("in", delay), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("discover ServiceCIDRs: %w", context.Cause(ctx))
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// servesServiceCIDRs asks once. A 404 for the group version is an answer
+// (no); anything else (refused, timeout, 5xx) is an error worth retrying.
+func servesServiceCIDRs(ctx context.Context, client kubernetes.Interface) (bool, error) {
+	gv := networkingv1.SchemeGroupVersion.String()
+	list := &metav1.APIResourceList{}
+	var err error
+	if rc := client.Discovery().RESTClient(); rc != nil {
+		// The discovery client's own call takes no context and retries on
+		// its own; this one stops with ctx.
+		err = rc.Get().AbsPath("/apis", gv).Do(ctx).Into(list)
+	} else {
+		list, err = client.Discovery().ServerResourcesForGroupVersion(gv) // fake clientsets
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("discover %s: %w", gv, err)
 	}
 	for _, r := range list.APIResources {
 		if r.Name == "servicecidrs" {
-			return true
+			return true, nil
 		}
 	}
-	log.Info("Not watching ServiceCIDRs: the API server does not serve them")
-	return false
+	return false, nil
 }
 
 // WaitForSync waits until synced reports true or ctx ends.
