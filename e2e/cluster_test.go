@@ -882,7 +882,7 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 
 func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 	started := time.Now()
-	s := newClusterScenario(t, env, "e2e-metrics")
+	s := newClusterScenario(t, env, "e2e-metrics", "--profiling")
 	vip := netip.MustParseAddrPort("10.96.24.10:80")
 	s.service("web", vip.Addr().String(), 0)
 	a0, n0 := s.pods(0)
@@ -983,6 +983,10 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 	}
 	if code, body, err := s.get("http://127.0.0.1:10256/livez"); err != nil || code != http.StatusOK {
 		t.Errorf("/livez: %d %s %v", code, body, err)
+	}
+	// --profiling serves Go's profiles beside the metrics.
+	if code, body, err := s.get("http://127.0.0.1:10249/debug/pprof/heap?debug=1"); err != nil || code != http.StatusOK || !strings.Contains(string(body), "heap profile") {
+		t.Errorf("/debug/pprof/heap: %d %.200s %v", code, body, err)
 	}
 }
 

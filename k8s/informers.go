@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -45,7 +46,8 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 	}
 	selector := proxiedSelector()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(slim))
 
 	var regs []cache.ResourceEventHandlerRegistration
 	add := func(kind string, inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) {
@@ -107,7 +109,8 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		done := func() bool { return true }
 		if serves {
 			// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
-			inf := informers.NewSharedInformerFactory(client, 0).Networking().V1().ServiceCIDRs().Informer()
+			inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slim)).
+				Networking().V1().ServiceCIDRs().Informer()
 			reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 				AddFunc:    func(obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
 				UpdateFunc: func(_, obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
@@ -141,6 +144,18 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		}
 		return true
 	}
+}
+
+// slim drops what the informers' caches would hold for nothing: managed
+// fields and kubectl's copy of the last applied object, often most of an
+// object's size.
+func slim(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+		// The object is fresh from the decoder, not shared yet.
+		delete(m.GetAnnotations(), v1.LastAppliedConfigAnnotation)
+	}
+	return obj, nil
 }
 
 // waitServesServiceCIDRs tells whether the API server has networking.k8s.io/v1

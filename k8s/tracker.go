@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -61,16 +62,19 @@ type Tracker struct {
 	conflicts     []*ObjectError
 }
 
+// The entries keep what was derived from an object, not the object: at tens
+// of thousands of services the API objects would be most of the daemon's heap.
 type serviceEntry struct {
-	obj   *v1.Service
-	ports []ServicePort // without endpoints
-	errs  []error
+	version string        // resourceVersion; empty for manifests
+	created metav1.Time   // the older service wins a conflict
+	ports   []ServicePort // without endpoints
+	errs    []error
 }
 
 type sliceEntry struct {
-	obj  *discoveryv1.EndpointSlice
-	eps  *SliceEndpoints // nil when the slice is skipped
-	errs []error
+	version string
+	eps     *SliceEndpoints // nil when the slice is skipped
+	errs    []error
 }
 
 type nodeEntry struct {
@@ -208,6 +212,17 @@ func keyOf(ns, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
 
+// sameVersion tells whether an object is the version an entry was built
+// from, so it is neither converted nor reported again. Only the API server
+// sets versions; objects without one are converted again and compared by
+// what they yield.
+func sameVersion(entry, obj string) bool { return obj != "" && entry == obj }
+
+// sameErrors tells whether two lists report the same problems.
+func sameErrors(a, b []error) bool {
+	return slices.EqualFunc(a, b, func(x, y error) bool { return x.Error() == y.Error() })
+}
+
 // sameObject tells whether an update carries nothing new, so unchanged
 // objects are neither converted nor reported again. reflect.DeepEqual is
 // three times faster than the API's semantic equality; a false difference
@@ -223,10 +238,15 @@ func sameObject[T interface{ GetResourceVersion() string }](a, b T) bool {
 func (t *Tracker) setService(b *batch, svc *v1.Service) {
 	key := keyOf(svc.Namespace, svc.Name)
 	old := t.services[key]
-	if old != nil && sameObject(old.obj, svc) {
+	if old != nil && sameVersion(old.version, svc.ResourceVersion) {
 		return
 	}
 	ports, errs := ServicePorts(svc)
+	e := &serviceEntry{version: svc.ResourceVersion, created: svc.CreationTimestamp, ports: ports, errs: errs}
+	if old != nil && old.version == "" && e.version == "" &&
+		old.created.Equal(&e.created) && reflect.DeepEqual(old.ports, ports) && sameErrors(old.errs, errs) {
+		return // a manifest read again
+	}
 	b.problems = append(b.problems, errs...)
 	if len(ports) == 0 && len(errs) == 0 {
 		// Ignored (headless, ExternalName, another proxy's): as if deleted.
@@ -237,7 +257,7 @@ func (t *Tracker) setService(b *batch, svc *v1.Service) {
 	if old != nil {
 		oldPorts = old.ports
 	}
-	t.services[key] = &serviceEntry{obj: svc, ports: ports, errs: errs}
+	t.services[key] = e
 	if !reflect.DeepEqual(oldPorts, ports) {
 		t.stats.ServiceChanges++
 		delete(t.merged, key)
@@ -263,16 +283,20 @@ func (t *Tracker) deleteService(b *batch, key types.NamespacedName) {
 func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 	key := keyOf(slice.Namespace, slice.Name)
 	old := t.slices[key]
-	if old != nil && sameObject(old.obj, slice) {
+	if old != nil && sameVersion(old.version, slice.ResourceVersion) {
 		return
 	}
 	eps, errs := EndpointsFromSlice(slice)
+	if old != nil && old.version == "" && slice.ResourceVersion == "" &&
+		reflect.DeepEqual(old.eps, eps) && sameErrors(old.errs, errs) {
+		return // a manifest read again
+	}
 	b.problems = append(b.problems, errs...)
 	if eps == nil && len(errs) == 0 {
 		t.deleteSlice(b, key)
 		return
 	}
-	e := &sliceEntry{obj: slice, eps: eps, errs: errs}
+	e := &sliceEntry{version: slice.ResourceVersion, eps: eps, errs: errs}
 	t.unlinkSlice(key, old)
 	t.slices[key] = e
 	if eps != nil {
@@ -453,7 +477,7 @@ type vipKey struct {
 func (t *Tracker) findConflicts(keys []types.NamespacedName) (map[ServicePortName]bool, []*ObjectError) {
 	order := slices.Clone(keys)
 	slices.SortStableFunc(order, func(a, b types.NamespacedName) int {
-		ta, tb := t.services[a].obj.CreationTimestamp, t.services[b].obj.CreationTimestamp
+		ta, tb := t.services[a].created, t.services[b].created
 		// An unknown age does not make a service the older one.
 		return cmp.Or(cmp.Compare(boolInt(ta.IsZero()), boolInt(tb.IsZero())), ta.Compare(tb.Time))
 	})

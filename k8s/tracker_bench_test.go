@@ -11,6 +11,15 @@ import (
 // bigTracker holds n services of three endpoints each.
 func bigTracker(b *testing.B, n int) *Tracker {
 	tr := NewTracker(nil, TrackerOptions{})
+	tr.ReplaceAll(bigObjects(n))
+	if got := len(tr.Snapshot().Services); got != n {
+		b.Fatalf("%d services, want %d", got, n)
+	}
+	return tr
+}
+
+// bigObjects makes n services of three endpoints each, new objects each call.
+func bigObjects(n int) ([]*v1.Service, []*discoveryv1.EndpointSlice, *v1.Node) {
 	var services []*v1.Service
 	var eps []*discoveryv1.EndpointSlice
 	for i := range n {
@@ -20,11 +29,7 @@ func bigTracker(b *testing.B, n int) *Tracker {
 			ep(fmt.Sprintf("10.244.%d.%d", i/80, i%80*3+1)), ep(fmt.Sprintf("10.244.%d.%d", i/80, i%80*3+2)),
 			ep(fmt.Sprintf("10.244.%d.%d", i/80, i%80*3+3))))
 	}
-	tr.ReplaceAll(services, eps, nil)
-	if got := len(tr.Snapshot().Services); got != n {
-		b.Fatalf("%d services, want %d", got, n)
-	}
-	return tr
+	return services, eps, nil
 }
 
 // BenchmarkSnapshotAfterEndpointChange is the tracker's share of one
@@ -42,15 +47,8 @@ func BenchmarkSnapshotAfterEndpointChange(b *testing.B) {
 // services and slices.
 func BenchmarkReplaceAllUnchanged(b *testing.B) {
 	tr := bigTracker(b, 10000)
-	var services []*v1.Service
-	var eps []*discoveryv1.EndpointSlice
-	for _, e := range tr.services {
-		services = append(services, e.obj.DeepCopy())
-	}
-	for _, e := range tr.slices {
-		eps = append(eps, e.obj.DeepCopy())
-	}
+	services, eps, nodes := bigObjects(10000)
 	for b.Loop() {
-		tr.ReplaceAll(services, eps, nil)
+		tr.ReplaceAll(services, eps, nodes)
 	}
 }

@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"strings"
 	"sync"
@@ -443,5 +444,24 @@ func TestDeleteKeyTombstone(t *testing.T) {
 				t.Errorf("deleted %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestSlimDropsWhatCachesNeedNot(t *testing.T) {
+	s := svc("default", "web")
+	s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
+	s.Annotations = map[string]string{v1.LastAppliedConfigAnnotation: `{"big":"json"}`, "keep": "me"}
+	got, err := slim(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := got.(*v1.Service)
+	if gs.ManagedFields != nil || !maps.Equal(gs.Annotations, map[string]string{"keep": "me"}) {
+		t.Errorf("slim kept managed fields %v or annotations %v", gs.ManagedFields, gs.Annotations)
+	}
+	// Tombstones of deleted objects pass through.
+	tomb := cache.DeletedFinalStateUnknown{Key: "default/web", Obj: s}
+	if got, err := slim(tomb); err != nil || got != tomb {
+		t.Errorf("slim(tombstone) = %v, %v", got, err)
 	}
 }

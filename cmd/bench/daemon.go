@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -56,7 +57,7 @@ func daemonPhase(res *Results, o *options) error {
 			continue
 		}
 		logf("daemon, %d services", n)
-		f, err := runDaemon(o.nftproxy, n)
+		f, err := runDaemon(o.nftproxy, n, o.daemonProfiles)
 		if err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
@@ -69,7 +70,9 @@ func daemonPhase(res *Results, o *options) error {
 	return nil
 }
 
-func runDaemon(binary string, n int) (f daemonFigures, err error) {
+// With profiles set it also saves the daemon's heap profile at steady state
+// there, as daemon-heap-N.pb.gz (`go tool pprof` reads it).
+func runDaemon(binary string, n int, profiles string) (f daemonFigures, err error) {
 	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
 	if err != nil {
 		return f, fmt.Errorf("make manifest directory: %w", err)
@@ -82,7 +85,7 @@ func runDaemon(binary string, n int) (f daemonFigures, err error) {
 		var log lockedBuffer
 		cmd := exec.Command("ip", "netns", "exec", ns.Name(), binary, "run", "--manifests", dir,
 			"--hostname-override", "node-1", "--node-ip", netns.NodeAddr.String(), "--cluster-cidr", clusterCIDR.String(),
-			"--sync-period", daemonSyncPeriod.String(), "--metrics-bind-address", daemonMetrics, "-v", "2")
+			"--sync-period", daemonSyncPeriod.String(), "--metrics-bind-address", daemonMetrics, "-v", "2", "--profiling="+strconv.FormatBool(profiles != ""))
 		cmd.Stdout, cmd.Stderr = &log, &log
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		start := time.Now()
@@ -137,7 +140,10 @@ func runDaemon(binary string, n int) (f daemonFigures, err error) {
 		f.steadyRS, f.peak = float64(st["VmRSS"])/1024, float64(st["VmHWM"])/1024
 		heap, err := daemonGauge(ctx, ns, "go_memstats_heap_alloc_bytes")
 		f.heapAlloc = heap / (1 << 20)
-		return err
+		if err != nil || profiles == "" {
+			return err
+		}
+		return saveHeapProfile(ctx, ns, filepath.Join(profiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
 	})
 	return f, err
 }
@@ -145,16 +151,47 @@ func runDaemon(binary string, n int) (f daemonFigures, err error) {
 // daemonMetrics is where the daemon serves /metrics, inside its namespace.
 const daemonMetrics = "127.0.0.1:10249"
 
-// daemonGauge reads one unlabelled gauge from the daemon's /metrics.
-func daemonGauge(ctx context.Context, ns *netns.NS, name string) (float64, error) {
+// daemonGet fetches a path of the daemon's metrics server.
+func daemonGet(ctx context.Context, ns *netns.NS, path string) (*http.Response, error) {
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return ns.Dial(ctx, network, addr) },
 	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonMetrics+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonMetrics+path, nil)
 	if err != nil {
-		return 0, fmt.Errorf("read metrics: %w", err)
+		return nil, err
 	}
 	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return resp, nil
+}
+
+// saveHeapProfile writes the daemon's heap profile to file, after a
+// collection so that it shows what is live.
+func saveHeapProfile(ctx context.Context, ns *netns.NS, file string) error {
+	resp, err := daemonGet(ctx, ns, "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return fmt.Errorf("read heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read heap profile: %w", err)
+	}
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		return fmt.Errorf("write heap profile: %w", err)
+	}
+	return nil
+}
+
+// daemonGauge reads one unlabelled gauge from the daemon's /metrics.
+func daemonGauge(ctx context.Context, ns *netns.NS, name string) (float64, error) {
+	resp, err := daemonGet(ctx, ns, "/metrics")
 	if err != nil {
 		return 0, fmt.Errorf("read metrics: %w", err)
 	}

@@ -14,19 +14,20 @@ import (
 )
 
 type options struct {
-	quick         bool
-	sizes         []int
-	runs          int
-	phases        []string
-	docs          string
-	render        string
-	results       string
-	nftproxy      string
-	iptNftSync    int // largest size iptables-nft-restore loads in full
-	iptNftFull    int // largest size iptables-nft-restore full-table updates are timed at
-	iptNftPartial int // largest size its partial updates are timed at
-	samples       int // connect samples per target
-	daemonMax     int // largest size the daemon is started at
+	quick          bool
+	sizes          []int
+	runs           int
+	phases         []string
+	docs           string
+	render         string
+	results        string
+	nftproxy       string
+	iptNftSync     int    // largest size iptables-nft-restore loads in full
+	iptNftFull     int    // largest size iptables-nft-restore full-table updates are timed at
+	iptNftPartial  int    // largest size its partial updates are timed at
+	samples        int    // connect samples per target
+	daemonMax      int    // largest size the daemon is started at
+	daemonProfiles string // where heap profiles of the daemon go; none when empty
 
 	childSync     int
 	childNetns    string
@@ -58,6 +59,7 @@ func run(args []string) error {
 	fs.IntVar(&o.iptNftPartial, "iptables-nft-max-partial", 10000, "largest size iptables-nft-restore --noflush partial updates are timed at")
 	fs.IntVar(&o.samples, "samples", 1000, "TCP connects timed per target service")
 	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
+	fs.StringVar(&o.daemonProfiles, "daemon-profiles", "", "directory the daemon's heap profile at steady state is saved to, one per size (none when empty)")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
 	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")

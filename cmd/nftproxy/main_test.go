@@ -44,6 +44,7 @@ func TestConfigFileFillsWhatFlagsDoNotSet(t *testing.T) {
 kind: KubeProxyConfiguration
 clusterCIDR: 10.244.0.0/16
 metricsBindAddress: 127.0.0.1:9999
+enableProfiling: true
 nodePortAddresses: [192.168.0.0/16]
 nftables:
   masqueradeAll: true
@@ -62,7 +63,7 @@ nftables:
 		t.Fatal(err)
 	}
 	if o.clusterCIDRs != "10.244.0.0/16" || !o.masqueradeAll || o.syncPeriod != time.Minute ||
-		o.nodePortAddresses != "192.168.0.0/16" || o.metricsBindAddress != "127.0.0.1:1" {
+		o.nodePortAddresses != "192.168.0.0/16" || o.metricsBindAddress != "127.0.0.1:1" || !o.profiling {
 		t.Errorf("options after the config file: %+v", o)
 	}
 }

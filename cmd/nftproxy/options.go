@@ -33,6 +33,7 @@ type options struct {
 	healthzBindAddress string
 	metricsBindAddress string
 	conntrack          bool
+	profiling          bool
 	verbosity          int
 
 	// explain
@@ -55,6 +56,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "time between full resyncs that repair drift")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty to disable")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty to disable")
+	fs.BoolVar(&o.profiling, "profiling", false, "serve Go's profiles on /debug/pprof/ beside /metrics, as kube-proxy does")
 	fs.BoolVar(&o.conntrack, "conntrack", true, "delete stale UDP and SCTP conntrack entries after each sync")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity: 2 logs each sync's batch, 4 the whole ruleset")
 }
@@ -67,6 +69,7 @@ type kubeProxyConfiguration struct {
 	HostnameOverride   string   `json:"hostnameOverride"`
 	HealthzBindAddress string   `json:"healthzBindAddress"`
 	MetricsBindAddress string   `json:"metricsBindAddress"`
+	EnableProfiling    *bool    `json:"enableProfiling"`
 	NodePortAddresses  []string `json:"nodePortAddresses"`
 	ClientConnection   struct {
 		Kubeconfig string `json:"kubeconfig"`
@@ -108,6 +111,9 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	setString("metrics-bind-address", &o.metricsBindAddress, c.MetricsBindAddress)
 	setString("nodeport-addresses", &o.nodePortAddresses, strings.Join(c.NodePortAddresses, ","))
 	setString("kubeconfig", &o.kubeconfig, c.ClientConnection.Kubeconfig)
+	if c.EnableProfiling != nil && !set["profiling"] {
+		o.profiling = *c.EnableProfiling
+	}
 	if c.NFTables.MasqueradeAll != nil && !set["masquerade-all"] {
 		o.masqueradeAll = *c.NFTables.MasqueradeAll
 	}

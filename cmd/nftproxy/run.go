@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -44,6 +45,13 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	if o.profiling {
+		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
+		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		metricsMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		metricsMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		metricsMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	if err := serve(ctx, log, "metrics", o.metricsBindAddress, metricsMux); err != nil {
 		return err
 	}
@@ -56,7 +64,8 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	hc := proxier.NewHealthChecks(log, health)
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
-		Kernel: netlinkKernel{conn}, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc}
+		Kernel: netlinkKernel{conn}, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
+		ReleaseMemory: true}
 	if o.localhostNodePorts {
 		// Without it the kernel drops packets from 127.0.0.0/8 routed to a pod.
 		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
