@@ -292,29 +292,33 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 	if s == nil || ls == nil {
 		return fmt.Errorf("change elements of set %s: set unknown to this batch", set)
 	}
-	for _, e := range els {
-		if len(e.Comment) > maxCommentLen {
-			return fmt.Errorf("change elements of set %s: comment of %s longer than %d bytes", set, renderValues(s.Key, e.Key), maxCommentLen)
-		}
-	}
 	data := s.Data
 	if !add {
 		data = nil // a deletion names keys only
 	}
-	lels, err := libElements(s.Key, data, add && s.IsVerdictMap(), els)
-	if err != nil {
-		return fmt.Errorf("change elements of set %s: %w", set, err)
+	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap())
+	for i := range els {
+		e := &els[i]
+		if len(e.Comment) > maxCommentLen {
+			return fmt.Errorf("change elements of set %s: comment of %s longer than %d bytes", set, renderValues(s.Key, e.Key), maxCommentLen)
+		}
+		if err := enc.check(e); err != nil {
+			return fmt.Errorf("change elements of set %s: %w", set, err)
+		}
 	}
 	verb, call := "add", b.conn.SetAddElements
 	if !add {
 		verb, call = "delete", b.conn.SetDeleteElements
 	}
-	start := 0
-	for _, chunk := range chunks(lels, maxChunkElements, maxChunkBytes) {
-		first, last := els[start], els[start+len(chunk)-1]
-		b.plan(1, func() error { return call(ls, chunk) }, "%s %d elements of set %s (%s … %s)",
-			verb, len(chunk), set, renderValues(s.Key, first.Key), renderValues(s.Key, last.Key))
-		start += len(chunk)
+	for _, chunk := range enc.chunks(els, maxChunkElements, maxChunkBytes) {
+		b.plan(1, func() error {
+			lels := make([]nftables.SetElement, len(chunk))
+			for i := range chunk {
+				lels[i] = enc.lib(&chunk[i])
+			}
+			return call(ls, lels)
+		}, "%s %d elements of set %s (%s … %s)",
+			verb, len(chunk), set, renderValues(s.Key, chunk[0].Key), renderValues(s.Key, chunk[len(chunk)-1].Key))
 	}
 	b.stats.Elements += len(els)
 	return nil

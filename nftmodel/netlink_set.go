@@ -88,48 +88,146 @@ func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
 	return ls, nil
 }
 
-// libElements encodes elements of a set with the given key and value types.
-func libElements(key, data []DataType, verdicts bool, els []Element) ([]nftables.SetElement, error) {
-	out := make([]nftables.SetElement, len(els))
-	for i, e := range els {
-		if len(e.Key) != len(key) {
-			return nil, fmt.Errorf("encode element %d: key has %d parts, set key has %d", i, len(e.Key), len(key))
-		}
-		le := nftables.SetElement{Key: KeyBytes(key, e.Key), Comment: e.Comment}
-		switch {
-		case verdicts:
-			if e.Verdict == nil {
-				return nil, fmt.Errorf("encode element %s: verdict map element without verdict", renderValues(key, e.Key))
-			}
-			le.VerdictData = verdictExpr(*e.Verdict)
-		case len(data) > 0:
-			if len(e.Data) != len(data) {
-				return nil, fmt.Errorf("encode element %s: value has %d parts, map value has %d", renderValues(key, e.Key), len(e.Data), len(data))
-			}
-			le.Val = KeyBytes(data, e.Data)
-		}
-		out[i] = le
+// elementEncoder turns a set's model elements into the library's, one chunk
+// at a time as the batch is queued: converting whole sets up front would hold
+// every element of a full sync twice, once more than needed.
+type elementEncoder struct {
+	key, data        []DataType // data nil for deletions and plain sets
+	verdicts         bool
+	keyLen, valueLen int // encoded sizes, fixed by the types
+}
+
+func newElementEncoder(key, data []DataType, verdicts bool) *elementEncoder {
+	enc := &elementEncoder{key: key, data: data, verdicts: verdicts, keyLen: encodedLen(key)}
+	if !verdicts {
+		enc.valueLen = encodedLen(data)
 	}
-	return out, nil
+	return enc
+}
+
+// encodedLen is the length KeyBytes gives values of the types.
+func encodedLen(ts []DataType) int {
+	n := 0
+	for _, t := range ts {
+		switch t {
+		case TypeIPv4Addr:
+			n += 4
+		case TypeIPv6Addr:
+			n += 16
+		case TypeInetProto:
+			n++
+		case TypeInetService:
+			n += 2
+		}
+		if len(ts) > 1 {
+			n = (n + 3) &^ 3
+		}
+	}
+	return n
+}
+
+// check finds what would make lib encode an element wrongly.
+func (enc *elementEncoder) check(e *Element) error {
+	if err := checkValues(enc.key, e.Key); err != nil {
+		return fmt.Errorf("encode element key: %w", err)
+	}
+	switch {
+	case enc.verdicts:
+		if e.Verdict == nil {
+			return fmt.Errorf("encode element %s: verdict map element without verdict", renderValues(enc.key, e.Key))
+		}
+	case len(enc.data) > 0:
+		if err := checkValues(enc.data, e.Data); err != nil {
+			return fmt.Errorf("encode element %s: value: %w", renderValues(enc.key, e.Key), err)
+		}
+	}
+	return nil
+}
+
+func checkValues(ts []DataType, vs []Value) error {
+	if len(vs) != len(ts) {
+		return fmt.Errorf("%d parts, the set's type has %d", len(vs), len(ts))
+	}
+	for i, t := range ts {
+		if t == TypeIPv4Addr && !vs[i].Addr.Is4() || t == TypeIPv6Addr && !vs[i].Addr.Is6() {
+			return fmt.Errorf("part %d: %v is not an address of type %v", i+1, vs[i].Addr, t)
+		}
+	}
+	return nil
+}
+
+// lib converts a checked element.
+func (enc *elementEncoder) lib(e *Element) nftables.SetElement {
+	le := nftables.SetElement{Key: KeyBytes(enc.key, e.Key), Comment: e.Comment}
+	switch {
+	case enc.verdicts:
+		le.VerdictData = verdictExpr(*e.Verdict)
+	case len(enc.data) > 0:
+		le.Val = KeyBytes(enc.data, e.Data)
+	}
+	return le
+}
+
+// size is elementSize(lib(e)) without converting.
+func (enc *elementEncoder) size(e *Element) int {
+	switch {
+	case enc.verdicts:
+		chain := ""
+		if e.Verdict.Kind == Jump || e.Verdict.Kind == Goto {
+			chain = e.Verdict.Chain
+		}
+		return encodedElementSize(enc.keyLen, 0, true, chain, e.Comment)
+	case len(enc.data) > 0:
+		return encodedElementSize(enc.keyLen, enc.valueLen, false, "", e.Comment)
+	}
+	return encodedElementSize(enc.keyLen, 0, false, "", e.Comment)
+}
+
+// chunks splits checked elements into runs that each fit one message.
+func (enc *elementEncoder) chunks(els []Element, maxCount, maxBytes int) [][]Element {
+	var out [][]Element
+	start, size := 0, 0
+	for i := range els {
+		n := enc.size(&els[i])
+		if i > start && (i-start >= maxCount || size+n > maxBytes) {
+			out = append(out, els[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(els) {
+		out = append(out, els[start:])
+	}
+	return out
 }
 
 // elementSize is the encoded size of one element in an element list, as
 // google/nftables marshals it (attribute headers included).
 func elementSize(e *nftables.SetElement) int {
+	chain := ""
+	if e.VerdictData != nil {
+		chain = e.VerdictData.Chain
+	}
+	return encodedElementSize(len(e.Key), len(e.Val), e.VerdictData != nil, chain, e.Comment)
+}
+
+// encodedElementSize is the size of an element with a key and a value of
+// the given lengths, or a verdict (to chain, if not empty), and a comment.
+func encodedElementSize(keyLen, valueLen int, verdict bool, chain, comment string) int {
 	attr := func(n int) int { return 4 + (n+3)&^3 }
-	n := attr(attr(len(e.Key))) // NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }
+	n := attr(attr(keyLen)) // NFTA_SET_ELEM_KEY { NFTA_DATA_VALUE }
 	switch {
-	case e.VerdictData != nil:
+	case verdict:
 		v := attr(4) // NFTA_VERDICT_CODE
-		if e.VerdictData.Chain != "" {
-			v += attr(len(e.VerdictData.Chain) + 1)
+		if chain != "" {
+			v += attr(len(chain) + 1)
 		}
 		n += attr(attr(v)) // NFTA_SET_ELEM_DATA { NFTA_DATA_VERDICT { ... } }
-	case len(e.Val) > 0:
-		n += attr(attr(len(e.Val)))
+	case valueLen > 0:
+		n += attr(attr(valueLen))
 	}
-	if e.Comment != "" {
-		n += attr(2 + len(e.Comment) + 1) // userdata TLV with a NUL-terminated string
+	if comment != "" {
+		n += attr(2 + len(comment) + 1) // userdata TLV with a NUL-terminated string
 	}
 	return attr(n) // the list element itself
 }

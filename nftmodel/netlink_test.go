@@ -2,6 +2,7 @@ package nftmodel
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -442,6 +443,52 @@ func TestElementSizeMatchesLibrary(t *testing.T) {
 					t.Errorf("elementSize(%+v) = %d, library encodes %d", el, got, len(a.Data))
 				}
 			}
+		}
+	}
+}
+
+// The encoder sizes model elements without converting them; its sizes must
+// be those of the converted elements, or chunks would overflow.
+func TestElementEncoderSizes(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
+	goTo := &Verdict{Kind: Goto, Chain: "service-web"}
+	tests := []struct {
+		key, data []DataType
+		verdicts  bool
+		el        Element
+	}{
+		{[]DataType{TypeIPv4Addr}, nil, false, Element{Key: []Value{A(v4)}}},
+		{[]DataType{TypeIPv6Addr}, nil, false, Element{Key: []Value{A(v6)}, Comment: "default/web:http"}},
+		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, []DataType{TypeVerdict}, true,
+			Element{Key: []Value{A(v4), N(6), N(80)}, Verdict: goTo, Comment: "default/web:http"}},
+		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, []DataType{TypeVerdict}, true,
+			Element{Key: []Value{A(v4), N(17), N(53)}, Verdict: &Verdict{Kind: Drop}}},
+		{[]DataType{TypeInetProto, TypeInetService}, []DataType{TypeIPv6Addr, TypeInetService}, false,
+			Element{Key: []Value{N(6), N(80)}, Data: []Value{A(v6), N(8080)}}},
+		// A deletion: key only.
+		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, nil, false,
+			Element{Key: []Value{A(v4), N(6), N(80)}, Verdict: goTo}},
+	}
+	for _, tt := range tests {
+		enc := newElementEncoder(tt.key, tt.data, tt.verdicts)
+		if err := enc.check(&tt.el); err != nil {
+			t.Fatal(err)
+		}
+		lib := enc.lib(&tt.el)
+		if got, want := enc.size(&tt.el), elementSize(&lib); got != want {
+			t.Errorf("size of %+v = %d, converted %d", tt.el, got, want)
+		}
+	}
+	bad := []struct {
+		key []DataType
+		el  Element
+	}{
+		{[]DataType{TypeIPv4Addr}, Element{Key: []Value{A(v6)}}},
+		{[]DataType{TypeIPv4Addr, TypeInetService}, Element{Key: []Value{A(v4)}}},
+	}
+	for _, tt := range bad {
+		if err := newElementEncoder(tt.key, nil, false).check(&tt.el); err == nil {
+			t.Errorf("check(%+v) passed", tt.el)
 		}
 	}
 }
