@@ -25,6 +25,7 @@ import (
 // runDaemon wires sources, the sync loop and the HTTP servers, and runs until
 // ctx ends. The rules stay in the kernel when it returns.
 func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
+	setMemoryLimit(log)
 	cfgs, err := o.compileConfigs()
 	if err != nil {
 		return err

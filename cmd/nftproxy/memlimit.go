@@ -1,0 +1,66 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+)
+
+// cgroupMemoryMax is the cgroup v2 limit of the container, as the container
+// sees its own cgroup.
+const cgroupMemoryMax = "/sys/fs/cgroup/memory.max"
+
+// memoryLimitShare is the part of the container's hard limit the garbage
+// collector aims under: the rest is for what Go does not count (stacks
+// aside, the kernel's socket buffers) and for a burst above the soft limit.
+const memoryLimitShare = 0.9
+
+// setMemoryLimit gives the Go runtime a soft memory limit below the
+// container's: a full sync makes garbage several times its live heap, which
+// by default Go lets pile up to twice the live heap before collecting, and
+// a container near its limit would be OOM-killed mid-sync. GOMEMLIMIT, when
+// set, is the operator's choice and the runtime already applied it.
+func setMemoryLimit(log *zap.Logger) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		log.Info("Memory limit from GOMEMLIMIT", zap.Int64("bytes", debug.SetMemoryLimit(-1)))
+		return
+	}
+	data, err := os.ReadFile(cgroupMemoryMax)
+	if err != nil {
+		log.Debug("No cgroup memory limit to follow", zap.Error(err))
+		return
+	}
+	limit, err := softLimit(string(data))
+	if err != nil {
+		log.Warn("Ignoring the cgroup memory limit", zap.String("file", cgroupMemoryMax), zap.Error(err))
+		return
+	}
+	if limit == 0 {
+		return
+	}
+	debug.SetMemoryLimit(limit)
+	log.Info("Memory limit set below the container's", zap.Int64("bytes", limit), zap.Float64("share", memoryLimitShare))
+}
+
+// softLimit is the soft limit for the contents of memory.max: none (0) for
+// "max", else memoryLimitShare of it.
+func softLimit(memoryMax string) (int64, error) {
+	s := strings.TrimSpace(memoryMax)
+	if s == "max" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse memory.max: %w", err)
+	}
+	if n <= 0 {
+		return 0, errors.New("parse memory.max: not a positive size")
+	}
+	return int64(math.Floor(float64(n) * memoryLimitShare)), nil
+}
