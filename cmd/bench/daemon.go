@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,6 +39,7 @@ type daemonFigures struct {
 	firstRSS, steadyRS float64 // MiB after the first sync, after the resyncs
 	peak               float64 // MiB, VmHWM
 	heapAlloc          float64 // MiB, go_memstats_heap_alloc_bytes at the end
+	releaseMS          float64 // giving the first sync's garbage back, as logged
 }
 
 // daemonPhase runs the real daemon, `nftproxy run --manifests DIR`, on
@@ -66,6 +68,9 @@ func daemonPhase(res *Results, o *options) error {
 		res.add(n, metricDaemonRSS, methodDaemon, f.steadyRS)
 		res.add(n, metricDaemonPeak, methodDaemon, f.peak)
 		res.add(n, metricDaemonHeap, methodDaemon, f.heapAlloc)
+		if f.releaseMS > 0 {
+			res.add(n, metricDaemonRelease, methodDaemon, f.releaseMS)
+		}
 	}
 	return nil
 }
@@ -130,6 +135,7 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 			return err
 		}
 		f.firstRSS = float64(st["VmRSS"]) / 1024
+		f.releaseMS = releaseTook(log.String())
 		if err := waitSyncs(1 + daemonResyncs); err != nil {
 			return err
 		}
@@ -146,6 +152,23 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		return saveHeapProfile(ctx, ns, filepath.Join(profiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
 	})
 	return f, err
+}
+
+// releaseTook finds the first "Released memory" line of the daemon's log
+// (-v 2) and returns its took, in milliseconds; 0 when there is none.
+func releaseTook(log string) float64 {
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, `"msg":"Released memory`) {
+			continue
+		}
+		var l struct {
+			Took float64 `json:"took"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil {
+			return l.Took * 1000 // zap logs durations in seconds
+		}
+	}
+	return 0
 }
 
 // daemonMetrics is where the daemon serves /metrics, inside its namespace.

@@ -22,6 +22,7 @@ const (
 	metricDaemonRSS      = "daemon-rss"      // MiB, nftproxy run after its first sync and at steady state
 	metricDaemonHeap     = "daemon-heap"     // MiB, go_memstats_heap_alloc_bytes at steady state
 	metricDaemonPeak     = "daemon-peak"     // MiB, nftproxy run's peak RSS (VmHWM)
+	metricDaemonRelease  = "daemon-release"  // ms, debug.FreeOSMemory after the first sync
 	metricDaemonStart    = "daemon-start"    // ms, nftproxy run from exec to its first sync done
 )
 
