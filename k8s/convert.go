@@ -129,7 +129,7 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []error) {
 		o.Port = uint16(sp.Port)
 		o.NodePort = uint16(sp.NodePort)
 	}
-	slices.SortFunc(out, func(a, b ServicePort) int { return compareNames(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b ServicePort) int { return a.Name.Compare(b.Name) })
 	return out, p.errs
 }
 
@@ -616,11 +616,6 @@ func portLabel(name string, port int32, proto v1.Protocol) string {
 		return fmt.Sprintf("port %q/%s", name, proto)
 	}
 	return "port " + strconv.Itoa(int(port)) + "/" + string(proto)
-}
-
-func compareNames(a, b ServicePortName) int {
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 func deref[T any](p *T) T {

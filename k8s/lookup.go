@@ -8,7 +8,7 @@ import (
 // by name, so this is a binary search.
 func (s *Snapshot) Lookup(name ServicePortName) *ServicePort {
 	i, ok := slices.BinarySearchFunc(s.Services, name, func(sp ServicePort, n ServicePortName) int {
-		return compareNames(sp.Name, n)
+		return sp.Name.Compare(n)
 	})
 	if !ok {
 		return nil

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"time"
@@ -32,6 +33,13 @@ type ServicePortName struct {
 	Name      string
 	Port      string // the port's name; may be empty for single-port services
 	Protocol  Protocol
+}
+
+// Compare orders service port names as snapshots are sorted: by namespace,
+// name, port name, then protocol.
+func (n ServicePortName) Compare(b ServicePortName) int {
+	return cmp.Or(cmp.Compare(n.Namespace, b.Namespace), cmp.Compare(n.Name, b.Name),
+		cmp.Compare(n.Port, b.Port), cmp.Compare(n.Protocol, b.Protocol))
 }
 
 // String prints namespace/name:port (namespace/name for an unnamed port),

@@ -130,14 +130,24 @@ type tableState struct {
 	sets   []*nftables.Set
 }
 
+// Generation returns the namespace's ruleset generation, which every
+// nftables commit there increments.
+func Generation(conn *nftables.Conn) (uint32, error) {
+	gen, err := conn.GetGen()
+	if err != nil {
+		return 0, fmt.Errorf("get ruleset generation: %w", err)
+	}
+	return gen.ID, nil
+}
+
 // readTable reads the table's flags, chains and sets; none when it doesn't
 // exist.
 func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
-	gen, err := conn.GetGen()
+	gen, err := Generation(conn)
 	if err != nil {
-		return nil, fmt.Errorf("get ruleset generation: %w", err)
+		return nil, err
 	}
-	k := &tableState{gen: gen.ID}
+	k := &tableState{gen: gen}
 	kt, err := conn.ListTableOfFamily(t.Name, t.Family)
 	if errors.Is(err, unix.ENOENT) {
 		return k, nil // no such table
@@ -148,7 +158,7 @@ func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
 	k.flags = kt.Flags
 	sets, err := conn.GetSets(t)
 	if errors.Is(err, unix.ENOENT) {
-		return &tableState{gen: gen.ID}, nil // gone since; the generation will tell
+		return &tableState{gen: gen}, nil // gone since; the generation will tell
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)

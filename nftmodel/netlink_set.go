@@ -185,20 +185,7 @@ func (enc *elementEncoder) size(e *Element) int {
 
 // chunks splits checked elements into runs that each fit one message.
 func (enc *elementEncoder) chunks(els []Element, maxCount, maxBytes int) [][]Element {
-	var out [][]Element
-	start, size := 0, 0
-	for i := range els {
-		n := enc.size(&els[i])
-		if i > start && (i-start >= maxCount || size+n > maxBytes) {
-			out = append(out, els[start:i])
-			start, size = i, 0
-		}
-		size += n
-	}
-	if start < len(els) {
-		out = append(out, els[start:])
-	}
-	return out
+	return splitChunks(els, enc.size, maxCount, maxBytes)
 }
 
 // elementSize is the encoded size of one element in an element list, as
@@ -234,15 +221,21 @@ func encodedElementSize(keyLen, valueLen int, verdict bool, chain, comment strin
 
 // chunks splits elements into runs that each fit one message.
 func chunks(els []nftables.SetElement, maxCount, maxBytes int) [][]nftables.SetElement {
-	var out [][]nftables.SetElement
-	start, size := 0, 0
+	return splitChunks(els, elementSize, maxCount, maxBytes)
+}
+
+// splitChunks splits els into runs of at most maxCount elements and at most
+// maxBytes of encoded size each (a single larger element makes a run alone).
+func splitChunks[E any](els []E, size func(*E) int, maxCount, maxBytes int) [][]E {
+	var out [][]E
+	start, total := 0, 0
 	for i := range els {
-		n := elementSize(&els[i])
-		if i > start && (i-start >= maxCount || size+n > maxBytes) {
+		n := size(&els[i])
+		if i > start && (i-start >= maxCount || total+n > maxBytes) {
 			out = append(out, els[start:i])
-			start, size = i, 0
+			start, total = i, 0
 		}
-		size += n
+		total += n
 	}
 	if start < len(els) {
 		out = append(out, els[start:])

@@ -105,15 +105,7 @@ func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
 	old, cur := s.entries, snap.Services
 	next := s.spare[:0]
 	for len(old) > 0 || len(cur) > 0 {
-		c := 0
-		switch {
-		case len(old) == 0:
-			c = 1
-		case len(cur) == 0:
-			c = -1
-		default:
-			c = compareNames(old[0].Name, cur[0].Name)
-		}
+		c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) })
 		if c < 0 { // removed
 			if !d.replace(s.c.piece(old[0]), nil) {
 				return m.Changes{}, false
@@ -123,7 +115,7 @@ func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
 		}
 		sp := &cur[0]
 		cur = cur[1:]
-		if len(next) > 0 && compareNames(next[len(next)-1].Name, sp.Name) >= 0 {
+		if len(next) > 0 && next[len(next)-1].Name.Compare(sp.Name) >= 0 {
 			return m.Changes{}, false
 		}
 		next = append(next, sp)

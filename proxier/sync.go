@@ -1,7 +1,6 @@
 package proxier
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"runtime/debug"
@@ -269,16 +268,7 @@ func countChanges(prev, next *k8s.Snapshot) (services, endpoints int) {
 	}
 	cur := next.Services
 	for len(old) > 0 || len(cur) > 0 {
-		var c int
-		switch {
-		case len(old) == 0:
-			c = 1
-		case len(cur) == 0:
-			c = -1
-		default:
-			c = compareNames(old[0].Name, cur[0].Name)
-		}
-		switch {
+		switch c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) }); {
 		case c < 0: // removed
 			services++
 			old = old[1:]
@@ -303,8 +293,15 @@ func countChanges(prev, next *k8s.Snapshot) (services, endpoints int) {
 	return services, endpoints
 }
 
-// compareNames orders service port names as snapshots are sorted.
-func compareNames(a, b k8s.ServicePortName) int {
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+// walkOrder tells which head a merge walk over two name-sorted lists, with
+// oldLeft and curLeft items left, takes next: negative the old one (gone),
+// positive the current one (new), zero both (same name; compare says).
+func walkOrder(oldLeft, curLeft int, compare func() int) int {
+	switch {
+	case oldLeft == 0:
+		return 1
+	case curLeft == 0:
+		return -1
+	}
+	return compare()
 }

@@ -223,11 +223,7 @@ func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.St
 }
 
 func (k *timedKernel) Generation() (uint32, error) {
-	gen, err := k.conn.GetGen()
-	if err != nil {
-		return 0, fmt.Errorf("get ruleset generation: %w", err)
-	}
-	return gen.ID, nil
+	return m.Generation(k.conn)
 }
 
 // change is one update: the snapshot after it and the service it touched.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/google/nftables"
 
@@ -25,11 +24,7 @@ func (k netlinkKernel) ApplyChanges(f nftmodel.Family, table string, c *nftmodel
 }
 
 func (k netlinkKernel) Generation() (uint32, error) {
-	gen, err := k.conn.GetGen()
-	if err != nil {
-		return 0, fmt.Errorf("get ruleset generation: %w", err)
-	}
-	return gen.ID, nil
+	return nftmodel.Generation(k.conn)
 }
 
 // flowCleaner adapts the conntrack reconciler to the proxier.
