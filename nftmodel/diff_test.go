@@ -3,6 +3,7 @@ package nftmodel
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -156,5 +157,46 @@ func TestRenderSortsLikeNft(t *testing.T) {
 	want := []string{"tcp . 256", "tcp . 1", "sctp . 5", "udp . 53", "tcp . 80", "udp . 80", "tcp . 30080"}
 	if diff := gocmp.Diff(want, got); diff != "" {
 		t.Errorf("element order (-want +got):\n%s", diff)
+	}
+}
+
+// SortElements sorts in place what a plain stable sort on the listing-order
+// keys would, duplicates keeping their order.
+func TestSortElements(t *testing.T) {
+	listingKey := func(types []DataType, vals []Value) string {
+		k := KeyBytes(types, vals)
+		if len(types) > 1 {
+			slices.Reverse(k)
+		}
+		return string(k)
+	}
+	concat := []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}
+	single := []DataType{TypeInetService}
+	for _, types := range [][]DataType{concat, single} {
+		var els []Element
+		for i := range 300 {
+			// Few distinct keys, so many duplicates; Comment tells them apart.
+			a := netip.AddrFrom4([4]byte{10, 96, byte(i * 7 % 3), byte(i * 13 % 5)})
+			key := []Value{N(uint32(i * 31 % 7))}
+			if len(types) > 1 {
+				key = []Value{A(a), N(uint32(6 + i%2*11)), N(uint32(i * 31 % 7))}
+			}
+			els = append(els, Element{Key: key, Comment: string(rune('a' + i%26))})
+		}
+		want := slices.Clone(els)
+		slices.SortStableFunc(want, func(a, b Element) int {
+			return strings.Compare(listingKey(types, a.Key), listingKey(types, b.Key))
+		})
+		s := &Set{Name: "s", Key: types, Elements: slices.Clone(els)}
+		if got := SortedElements(s); !gocmp.Equal(got, want, gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
+			t.Errorf("SortedElements of %v keys differs from a stable sort", types)
+		}
+		if !gocmp.Equal(s.Elements, els, gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
+			t.Error("SortedElements changed the set")
+		}
+		SortElements(s)
+		if !gocmp.Equal(s.Elements, want, gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
+			t.Errorf("SortElements of %v keys differs from a stable sort", types)
+		}
 	}
 }

@@ -24,11 +24,10 @@ type Stats struct {
 const maxCommentLen = 128
 
 // Dial opens a lasting nftables connection in the network namespace netnsFd
-// (0 for the caller's own); close it with CloseLasting. The applier works
-// with any *Conn, but only on a lasting one can a kernel error name the
-// object it refused (see locate). Socket buffers are left to google/nftables,
-// which sizes them for each batch before sending it (forcing past
-// rmem_max/wmem_max when we are root).
+// (0 for the caller's own); close it with CloseLasting. The connection
+// reads the kernel's state; batches go out on a socket of their own, opened
+// in the connection's namespace for each batch and sized for it (forcing
+// past rmem_max/wmem_max when we are root), see sendBatch.
 func Dial(netnsFd int) (*nftables.Conn, error) {
 	opts := []nftables.ConnOption{nftables.AsLasting()}
 	if netnsFd != 0 {

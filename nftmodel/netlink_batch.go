@@ -3,7 +3,6 @@ package nftmodel
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -13,23 +12,39 @@ import (
 )
 
 // batch plans one transaction. Everything that can fail in translation fails
-// while planning, before a single message reaches the Conn, so an invalid
-// model never leaves a half-built batch queued there.
+// while planning, before a single message is encoded, so an invalid model
+// never leaves a half-built batch behind. conn is only read from (and names
+// the namespace the batch goes to); the library encodes its messages on a
+// connection of its own that sends nothing (see send).
 type batch struct {
 	conn   *nftables.Conn
+	lib    *nftables.Conn
 	family Family
 	table  *nftables.Table
 	stats  Stats
 	steps  []step
 	sets   map[string]*nftables.Set // sets whose elements the batch may touch
 	types  map[string]*Set          // their types (Name, Key and Data only)
+	// captured is what the library encoded on lib, in order.
+	captured []netlink.Message
 }
 
-// step queues msgs messages on the Conn; what describes them in errors.
+// step is one part of the batch: msgs messages the library encodes when
+// queue runs, or one message of set elements written directly (elements);
+// what describes it in errors.
 type step struct {
-	what  string
-	msgs  int
-	queue func() error
+	what     string
+	msgs     int
+	queue    func() error
+	elements *elementsStep
+}
+
+// elementsStep is one message adding or deleting checked elements of a set.
+type elementsStep struct {
+	set *nftables.Set
+	enc *elementEncoder
+	els []Element
+	add bool
 }
 
 func newBatch(conn *nftables.Conn, f Family, table string) *batch {
@@ -37,13 +52,20 @@ func newBatch(conn *nftables.Conn, f Family, table string) *batch {
 	if f == IPv6 {
 		fam = nftables.TableFamilyIPv6
 	}
-	return &batch{
+	b := &batch{
 		conn:   conn,
 		family: f,
 		table:  &nftables.Table{Name: table, Family: fam},
 		sets:   map[string]*nftables.Set{},
 		types:  map[string]*Set{},
 	}
+	b.lib = &nftables.Conn{TestDial: func(req []netlink.Message) ([]netlink.Message, error) {
+		if len(req) >= 2 { // a batch: begin, the messages, end
+			b.captured = append(b.captured, req[1:len(req)-1]...)
+		}
+		return nil, nil
+	}}
+	return b
 }
 
 func (b *batch) plan(msgs int, queue func() error, format string, args ...any) {
@@ -60,11 +82,11 @@ func (b *batch) fail(verb string, err error) error {
 }
 
 func (b *batch) addTable() {
-	b.plan1(func() { b.conn.AddTable(b.table) }, "add table %s %s", b.family, b.table.Name)
+	b.plan1(func() { b.lib.AddTable(b.table) }, "add table %s %s", b.family, b.table.Name)
 }
 
 func (b *batch) delTable() {
-	b.plan1(func() { b.conn.DelTable(b.table) }, "delete table %s %s", b.family, b.table.Name)
+	b.plan1(func() { b.lib.DelTable(b.table) }, "delete table %s %s", b.family, b.table.Name)
 }
 
 // declare makes s known to the batch, so that its elements can be planned,
@@ -89,13 +111,13 @@ func (b *batch) addSet(s *Set) error {
 }
 
 func (b *batch) addDeclaredSet(ls *nftables.Set) {
-	b.plan(1, func() error { return b.conn.AddSet(ls, nil) }, "add set %s", ls.Name)
+	b.plan(1, func() error { return b.lib.AddSet(ls, nil) }, "add set %s", ls.Name)
 	b.stats.Sets++
 }
 
 func (b *batch) delSet(name string) {
 	ls := &nftables.Set{Table: b.table, Name: name}
-	b.plan1(func() { b.conn.DelSet(ls) }, "delete set %s", name)
+	b.plan1(func() { b.lib.DelSet(ls) }, "delete set %s", name)
 	b.stats.Sets++
 }
 
@@ -103,7 +125,7 @@ func (b *batch) delSet(name string) {
 // referencing their chains.
 func (b *batch) flushSet(name string) {
 	ls := &nftables.Set{Table: b.table, Name: name}
-	b.plan1(func() { b.conn.FlushSet(ls) }, "flush set %s", name)
+	b.plan1(func() { b.lib.FlushSet(ls) }, "flush set %s", name)
 	b.stats.Sets++
 }
 
@@ -113,7 +135,7 @@ func (b *batch) chain(name string) *nftables.Chain {
 
 func (b *batch) addChain(c *Chain) {
 	lc := libChain(b.table, c)
-	b.plan1(func() { b.conn.AddChain(lc) }, "add chain %s", c.Name)
+	b.plan1(func() { b.lib.AddChain(lc) }, "add chain %s", c.Name)
 	b.stats.Chains++
 }
 
@@ -151,19 +173,19 @@ func libHook(h Hook) nftables.ChainHook {
 
 func (b *batch) flushChain(name string) {
 	lc := b.chain(name)
-	b.plan1(func() { b.conn.FlushChain(lc) }, "flush chain %s", name)
+	b.plan1(func() { b.lib.FlushChain(lc) }, "flush chain %s", name)
 	b.stats.Chains++
 }
 
 // flushTable deletes every rule of every chain in the table in one message,
 // and with them the anonymous sets they own.
 func (b *batch) flushTable() {
-	b.plan1(func() { b.conn.FlushTable(b.table) }, "flush rules of table %s %s", b.family, b.table.Name)
+	b.plan1(func() { b.lib.FlushTable(b.table) }, "flush rules of table %s %s", b.family, b.table.Name)
 }
 
 func (b *batch) delChain(name string) {
 	lc := b.chain(name)
-	b.plan1(func() { b.conn.DelChain(lc) }, "delete chain %s", name)
+	b.plan1(func() { b.lib.DelChain(lc) }, "delete chain %s", name)
 	b.stats.Chains++
 }
 
@@ -182,7 +204,7 @@ func (b *batch) addRules(c *Chain) error {
 		text := RenderRule(b.family, r)
 		for _, m := range anon {
 			m.set.Table = b.table
-			b.plan(1+anonMessages(m.elements), func() error { return b.conn.AddSet(m.set, m.elements) },
+			b.plan(1+anonMessages(m.elements), func() error { return b.lib.AddSet(m.set, m.elements) },
 				"add anonymous map of rule %d in chain %s: %s", i+1, c.Name, text)
 			b.stats.Elements += len(m.elements)
 		}
@@ -200,7 +222,7 @@ func (b *batch) addRules(c *Chain) error {
 					next++
 				}
 			}
-			b.conn.AddRule(lr)
+			b.lib.AddRule(lr)
 		}, "add rule %d to chain %s: %s", i+1, c.Name, text)
 		b.stats.Rules++
 	}
@@ -306,82 +328,102 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 			return fmt.Errorf("change elements of set %s: %w", set, err)
 		}
 	}
-	verb, call := "add", b.conn.SetAddElements
+	verb := "add"
 	if !add {
-		verb, call = "delete", b.conn.SetDeleteElements
+		verb = "delete"
 	}
 	for _, chunk := range enc.chunks(els, maxChunkElements, maxChunkBytes) {
-		b.plan(1, func() error {
-			lels := make([]nftables.SetElement, len(chunk))
-			for i := range chunk {
-				lels[i] = enc.lib(&chunk[i])
-			}
-			return call(ls, lels)
-		}, "%s %d elements of set %s (%s … %s)",
-			verb, len(chunk), set, renderValues(s.Key, chunk[0].Key), renderValues(s.Key, chunk[len(chunk)-1].Key))
+		b.steps = append(b.steps, step{
+			what: fmt.Sprintf("%s %d elements of set %s (%s … %s)",
+				verb, len(chunk), set, renderValues(s.Key, chunk[0].Key), renderValues(s.Key, chunk[len(chunk)-1].Key)),
+			msgs:     1,
+			elements: &elementsStep{set: ls, enc: enc, els: chunk, add: add},
+		})
 	}
 	b.stats.Elements += len(els)
 	return nil
 }
 
-// send queues the planned messages and sends them as one batch. A non-zero
+// send encodes the planned messages and sends them as one batch. A non-zero
 // genID makes the kernel refuse the batch with ERESTART, before looking at
 // it, if any table of the namespace changed since that generation. On error
-// send tries to name the message the kernel refused.
+// send names the message the kernel refused.
+//
+// The library's messages are encoded first, on b.lib, whose test dialer
+// keeps them instead of sending; the batch is then written into one buffer
+// of the size it needs, the library's messages copied in their places and
+// set elements encoded in theirs.
 func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	var what []string
+	libMsgs := 0
 	for _, s := range b.steps {
-		if err := s.queue(); err != nil {
-			// google/nftables keeps the error and its Flush then returns it
-			// without sending anything, clearing the queue for the next batch.
-			_ = b.conn.Flush()
-			return Stats{}, b.fail(verb, err)
+		if s.queue != nil {
+			if err := s.queue(); err != nil {
+				// google/nftables keeps the error and its Flush then returns it
+				// without encoding anything.
+				_ = b.lib.Flush()
+				return Stats{}, b.fail(verb, err)
+			}
+			libMsgs += s.msgs
 		}
 		for range s.msgs {
 			what = append(what, s.what)
 		}
 	}
+	b.captured = b.captured[:0]
+	if err := b.lib.Flush(); err != nil {
+		return Stats{}, b.fail(verb, fmt.Errorf("encode messages: %w", err))
+	}
+	if len(b.captured) != libMsgs {
+		// The count of each step must be exact, or errors would name the
+		// wrong message.
+		return Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(b.captured), libMsgs))
+	}
+
+	size := 2 * batchEdgeSize(genID)
+	for _, m := range b.captured {
+		size += nlmsgHeaderLen + align4(len(m.Data))
+	}
+	for _, s := range b.steps {
+		if e := s.elements; e != nil {
+			size += elementsMsgSize(b.table.Name, e.set, e.enc, e.els)
+		}
+	}
+	first := nextSeqs(len(what) + 2)
+	w := &wire{buf: make([]byte, 0, size), seq: first}
+	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
+	lib := b.captured
+	for _, s := range b.steps {
+		if e := s.elements; e != nil {
+			w.elements(b.family, b.table.Name, e.set, e.enc, e.els, e.add)
+			continue
+		}
+		for _, m := range lib[:s.msgs] {
+			w.message(m)
+		}
+		lib = lib[s.msgs:]
+	}
+	w.batchEdge(unix.NFNL_MSG_BATCH_END, genID)
+	b.captured = nil
+
 	b.stats.Messages = len(what) + 2
-	err := b.conn.FlushWithGenID(genID)
-	if err == nil {
+	refused, err := sendBatch(b.conn, w.buf, b.stats.Messages)
+	if err == nil && refused == nil {
 		return b.stats, nil
 	}
 	where := fmt.Sprintf("batch of %d messages", b.stats.Messages)
-	if errors.Is(err, unix.ENOBUFS) {
+	switch {
+	case err != nil && errors.Is(err, unix.ENOBUFS):
 		where += "; replies were lost, the kernel may have committed it"
-	} else if errors.Is(err, unix.ERESTART) {
+	case err != nil:
+	case refused.errno == unix.ERESTART:
 		where += "; the ruleset changed since it was read"
-	} else if i, ok := b.locate(err, len(what)); ok {
-		where = fmt.Sprintf("message %d of %d: %s", i+1, len(what), what[i])
+		err = refused.errno
+	default:
+		if i := refused.seq - first - 1; i < uint32(len(what)) {
+			where = fmt.Sprintf("message %d of %d: %s", i+1, len(what), what[i])
+		}
+		err = refused.errno
 	}
 	return b.stats, fmt.Errorf("%s table %s %s (%s): %w", verb, b.family, b.table.Name, where, err)
-}
-
-// locate finds the index of the message the kernel refused. The kernel
-// reports the refused message's sequence number, but google/nftables numbers
-// messages as it sends them and doesn't say where it started. On a lasting
-// connection (Dial) numbering continues from batch to batch, so one more
-// batch with a message the kernel must refuse without looking at any state
-// (a chain name longer than any allowed) tells where the failed batch began.
-// On any other connection the numbers don't line up and locate reports
-// nothing.
-func (b *batch) locate(err error, n int) (int, bool) {
-	var refused *netlink.OpError
-	if !errors.As(err, &refused) || refused.Sequence == 0 {
-		return 0, false
-	}
-	b.conn.DelChain(&nftables.Chain{Table: b.table, Name: strings.Repeat("x", 300)})
-	var probe *netlink.OpError
-	if perr := b.conn.Flush(); !errors.As(perr, &probe) || probe.Sequence == 0 {
-		return 0, false
-	}
-	// Sequence numbers: failed batch begin s, messages s+1…s+n, end s+n+1;
-	// probe batch begin s+n+2, probe s+n+3. Unsigned arithmetic wraps as the
-	// counter does.
-	first := probe.Sequence - uint32(n) - 2
-	i := refused.Sequence - first
-	if i >= uint32(n) {
-		return 0, false
-	}
-	return int(i), true
 }

@@ -88,9 +88,8 @@ func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
 	return ls, nil
 }
 
-// elementEncoder turns a set's model elements into the library's, one chunk
-// at a time as the batch is queued: converting whole sets up front would hold
-// every element of a full sync twice, once more than needed.
+// elementEncoder checks and sizes a set's model elements for the wire (see
+// wire.elements), from the set's types alone.
 type elementEncoder struct {
 	key, data        []DataType // data nil for deletions and plain sets
 	verdicts         bool
@@ -156,7 +155,8 @@ func checkValues(ts []DataType, vs []Value) error {
 	return nil
 }
 
-// lib converts a checked element.
+// lib converts a checked element to the library's form; tests compare the
+// wire encoding with the library's through it.
 func (enc *elementEncoder) lib(e *Element) nftables.SetElement {
 	le := nftables.SetElement{Key: KeyBytes(enc.key, e.Key), Comment: e.Comment}
 	switch {

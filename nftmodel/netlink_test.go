@@ -492,3 +492,81 @@ func TestElementEncoderSizes(t *testing.T) {
 		}
 	}
 }
+
+// The applier writes element messages itself; they must be what
+// google/nftables would have sent, byte for byte.
+func TestWireElementsMatchLibrary(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
+	concat := []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}
+	tests := []struct {
+		name      string
+		family    Family
+		key, data []DataType
+		verdicts  bool
+		add       bool
+		els       []Element
+	}{
+		{"verdict map", IPv4, concat, []DataType{TypeVerdict}, true, true, []Element{
+			{Key: []Value{A(v4), N(6), N(80)}, Verdict: &Verdict{Kind: Goto, Chain: "service-web"}, Comment: "default/web:http"},
+			{Key: []Value{A(v4), N(17), N(53)}, Verdict: &Verdict{Kind: Drop}},
+			{Key: []Value{A(v4), N(6), N(443)}, Verdict: &Verdict{Kind: Jump, Chain: "x"}},
+			{Key: []Value{A(v4), N(132), N(9)}, Verdict: &Verdict{Kind: Accept}, Comment: "ns/a-much-longer-service-name:with-a-port"},
+		}},
+		{"data map", IPv6, []DataType{TypeInetService}, []DataType{TypeIPv6Addr, TypeInetService}, false, true, []Element{
+			{Key: []Value{N(1)}, Data: []Value{A(v6), N(8080)}},
+			{Key: []Value{N(2)}, Data: []Value{A(v6), N(8081)}, Comment: "c"},
+		}},
+		{"set", IPv4, []DataType{TypeIPv4Addr}, nil, false, true, []Element{{Key: []Value{A(v4)}}}},
+		{"deletion", IPv4, concat, nil, false, false, []Element{{Key: []Value{A(v4), N(6), N(80)}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			table := &nftables.Table{Name: "nftproxy", Family: libFamily(tt.family)}
+			s := &Set{Name: "s", Key: tt.key}
+			if tt.add {
+				s.Data = tt.data
+			}
+			ls, err := libSet(table, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls.ID = 7
+			enc := newElementEncoder(tt.key, s.Data, tt.verdicts)
+			lels := make([]nftables.SetElement, len(tt.els))
+			for i := range tt.els {
+				if err := enc.check(&tt.els[i]); err != nil {
+					t.Fatal(err)
+				}
+				lels[i] = enc.lib(&tt.els[i])
+			}
+			r, conn := newRecorder(t)
+			call := conn.SetAddElements
+			if !tt.add {
+				call = conn.SetDeleteElements
+			}
+			if err := call(ls, lels); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			want := r.lastBatch()[1]
+
+			w := &wire{}
+			w.elements(tt.family, table.Name, ls, enc, tt.els, tt.add)
+			if got := elementsMsgSize(table.Name, ls, enc, tt.els); got != len(w.buf) {
+				t.Errorf("elementsMsgSize = %d, wrote %d bytes", got, len(w.buf))
+			}
+			got, err := splitMessages(w.buf)
+			if err != nil || len(got) != 1 {
+				t.Fatalf("split %d bytes: %v, %d messages", len(w.buf), err, len(got))
+			}
+			if got[0].Header.Type != want.Header.Type || got[0].Header.Flags != want.Header.Flags {
+				t.Errorf("header %+v, library %+v", got[0].Header, want.Header)
+			}
+			if !slices.Equal(got[0].Data, want.Data) {
+				t.Errorf("data differs from the library's:\n got %x\nwant %x", got[0].Data, want.Data)
+			}
+		})
+	}
+}

@@ -355,7 +355,7 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	withElements := func(decl *m.Set) *m.Set {
 		s := *decl
 		s.Elements = elements[decl]
-		s.Elements = m.SortedElements(&s)
+		m.SortElements(&s) // a fresh slice, ours to reorder
 		return &s
 	}
 	for _, s := range c.fixedSets() {

@@ -115,8 +115,9 @@ func runChild(n int, memstats bool, env ...string) (childRun, error) {
 }
 
 // memLimit is the soft memory limit of the alternative full sync: the
-// target's RSS bound.
-const memLimit = "150MiB"
+// target's RSS bound less the 20 MiB the binary maps that Go does not count
+// (the RSS of a sync of one service).
+const memLimit = "130MiB"
 
 // fullSyncNftproxy times full syncs of n services in child processes, each
 // in a fresh namespace, and records their peak RSS and CPU; then the same

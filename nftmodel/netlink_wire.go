@@ -1,0 +1,362 @@
+package nftmodel
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// A batch goes to the kernel as one buffer written here, not through
+// google/nftables' Flush: that keeps every encoded message until the send
+// and then copies them all into a growing buffer, which at 400,000 set
+// elements costs the sync about twice the batch's size in memory. Here the
+// buffer is sized up front, set elements are encoded straight into it, and
+// google/nftables encodes the rest (tables, chains, rules, sets), whose
+// messages are copied in. The element encoding is the library's, byte for
+// byte (TestWireElementsMatchLibrary).
+
+// Netlink's framing: a 16-byte message header, 4-byte attribute headers,
+// everything padded to 4 bytes.
+const (
+	nlmsgHeaderLen = 16
+	attrHeaderLen  = 4
+)
+
+func align4(n int) int { return (n + 3) &^ 3 }
+
+// attrSize is the size of an attribute with n bytes of payload, padded.
+func attrSize(n int) int { return attrHeaderLen + align4(n) }
+
+// batchSeq numbers the messages of the batches this process sends; the
+// kernel names a refused message by its number. A random start keeps two
+// processes' numbers apart in traces.
+var batchSeq atomic.Uint32
+
+func init() { batchSeq.Store(rand.Uint32()) }
+
+// nextSeqs reserves n consecutive sequence numbers and returns the first.
+func nextSeqs(n int) uint32 { return batchSeq.Add(uint32(n)) - uint32(n) + 1 }
+
+// wire is a batch being written into one buffer.
+type wire struct {
+	buf []byte
+	seq uint32 // the next message's sequence number
+}
+
+// beginMsg starts a message; endMsg sets its length.
+func (w *wire) beginMsg(typ netlink.HeaderType, flags netlink.HeaderFlags) int {
+	start := len(w.buf)
+	w.buf = binary.NativeEndian.AppendUint32(w.buf, 0)
+	w.buf = binary.NativeEndian.AppendUint16(w.buf, uint16(typ))
+	w.buf = binary.NativeEndian.AppendUint16(w.buf, uint16(flags))
+	w.buf = binary.NativeEndian.AppendUint32(w.buf, w.seq)
+	w.buf = binary.NativeEndian.AppendUint32(w.buf, 0) // port ID: the kernel knows the socket's
+	w.seq++
+	return start
+}
+
+func (w *wire) endMsg(start int) {
+	w.pad()
+	binary.NativeEndian.PutUint32(w.buf[start:], uint32(len(w.buf)-start))
+}
+
+// message copies a message google/nftables encoded, under our numbering.
+func (w *wire) message(m netlink.Message) {
+	start := w.beginMsg(m.Header.Type, m.Header.Flags)
+	w.buf = append(w.buf, m.Data...)
+	w.endMsg(start)
+}
+
+// nfgen writes the header every nfnetlink message starts with.
+func (w *wire) nfgen(family uint8, resID uint16) {
+	w.buf = append(w.buf, family, unix.NFNETLINK_V0)
+	w.buf = binary.BigEndian.AppendUint16(w.buf, resID)
+}
+
+func (w *wire) pad() {
+	for len(w.buf)%4 != 0 {
+		w.buf = append(w.buf, 0)
+	}
+}
+
+// beginAttr starts an attribute; endAttr sets its length (padding excluded,
+// as netlink counts it) and pads.
+func (w *wire) beginAttr(typ uint16) int {
+	start := len(w.buf)
+	w.buf = binary.NativeEndian.AppendUint16(w.buf, 0)
+	w.buf = binary.NativeEndian.AppendUint16(w.buf, typ)
+	return start
+}
+
+func (w *wire) endAttr(start int) {
+	binary.NativeEndian.PutUint16(w.buf[start:], uint16(len(w.buf)-start))
+	w.pad()
+}
+
+func (w *wire) attr(typ uint16, data ...byte) {
+	start := w.beginAttr(typ)
+	w.buf = append(w.buf, data...)
+	w.endAttr(start)
+}
+
+func (w *wire) stringAttr(typ uint16, s string) {
+	start := w.beginAttr(typ)
+	w.buf = append(w.buf, s...)
+	w.buf = append(w.buf, 0)
+	w.endAttr(start)
+}
+
+// batchEdge writes the batch begin or end message; both carry the
+// generation the batch was planned at, when guarded.
+func (w *wire) batchEdge(typ netlink.HeaderType, genID uint32) {
+	start := w.beginMsg(typ, netlink.Request)
+	w.nfgen(0, unix.NFNL_SUBSYS_NFTABLES)
+	if genID != 0 {
+		w.attr(unix.NFNL_BATCH_GENID, binary.BigEndian.AppendUint32(nil, genID)...)
+	}
+	w.endMsg(start)
+}
+
+// batchEdgeSize is the size of batchEdge's message.
+func batchEdgeSize(genID uint32) int {
+	n := nlmsgHeaderLen + 4
+	if genID != 0 {
+		n += attrSize(4)
+	}
+	return n
+}
+
+// elementsMsgSize is the size of the message elements writes.
+func elementsMsgSize(table string, ls *nftables.Set, enc *elementEncoder, els []Element) int {
+	n := nlmsgHeaderLen + 4 + attrSize(len(ls.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
+	for i := range els {
+		n += enc.size(&els[i])
+	}
+	return n
+}
+
+// elements writes one message adding or deleting checked elements of the
+// set ls, as google/nftables' SetAddElements and SetDeleteElements encode
+// it.
+func (w *wire) elements(family Family, table string, ls *nftables.Set, enc *elementEncoder, els []Element, add bool) {
+	typ := unix.NFT_MSG_DELSETELEM
+	if add {
+		typ = unix.NFT_MSG_NEWSETELEM
+	}
+	// The library flags deletions with create too; the kernel ignores it.
+	start := w.beginMsg(netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|typ), netlink.Request|netlink.Create)
+	w.nfgen(uint8(libFamily(family)), 0)
+	w.stringAttr(unix.NFTA_SET_ELEM_LIST_SET, ls.Name)
+	w.attr(unix.NFTA_SET_ELEM_LIST_SET_ID, binary.BigEndian.AppendUint32(nil, ls.ID)...)
+	w.stringAttr(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	list := w.beginAttr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | unix.NLA_F_NESTED)
+	for i := range els {
+		w.element(uint16(i+1), enc, &els[i])
+	}
+	w.endAttr(list)
+	w.endMsg(start)
+}
+
+func (w *wire) element(index uint16, enc *elementEncoder, e *Element) {
+	item := w.beginAttr(index | unix.NLA_F_NESTED)
+	key := w.beginAttr(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
+	w.values(unix.NFTA_DATA_VALUE, enc.key, e.Key)
+	w.endAttr(key)
+	switch {
+	case enc.verdicts:
+		data := w.beginAttr(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
+		verdict := w.beginAttr(unix.NFTA_DATA_VERDICT | unix.NLA_F_NESTED)
+		kind, chain := verdictCode(*e.Verdict)
+		// google/nftables writes the code as NFTA_DATA_VALUE and the chain
+		// as NFTA_SET_ELEM_DATA; the kernel reads them as NFTA_VERDICT_CODE
+		// and NFTA_VERDICT_CHAIN, which have the same numbers.
+		w.attr(unix.NFTA_VERDICT_CODE, binary.BigEndian.AppendUint32(nil, uint32(kind))...)
+		if chain != "" {
+			w.stringAttr(unix.NFTA_VERDICT_CHAIN, chain)
+		}
+		w.endAttr(verdict)
+		w.endAttr(data)
+	case len(enc.data) > 0:
+		data := w.beginAttr(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
+		w.values(unix.NFTA_DATA_VALUE, enc.data, e.Data)
+		w.endAttr(data)
+	}
+	if e.Comment != "" {
+		ud := w.beginAttr(unix.NFTA_SET_ELEM_USERDATA)
+		w.buf = append(w.buf, byte(userdata.NFTNL_UDATA_SET_ELEM_COMMENT), byte(len(e.Comment)+1))
+		w.buf = append(w.buf, e.Comment...)
+		w.buf = append(w.buf, 0)
+		w.endAttr(ud)
+	}
+	w.endAttr(item)
+}
+
+// values writes an attribute holding KeyBytes(types, vals).
+func (w *wire) values(typ uint16, types []DataType, vals []Value) {
+	start := w.beginAttr(typ)
+	w.buf = appendValues(w.buf, types, vals)
+	w.endAttr(start)
+}
+
+// verdictCode is the kernel's code for a verdict, and the chain it names.
+func verdictCode(v Verdict) (expr.VerdictKind, string) {
+	switch v.Kind {
+	case Accept:
+		return expr.VerdictAccept, ""
+	case Drop:
+		return expr.VerdictDrop, ""
+	case Return:
+		return expr.VerdictReturn, ""
+	case Jump:
+		return expr.VerdictJump, v.Chain
+	default:
+		return expr.VerdictGoto, v.Chain
+	}
+}
+
+func libFamily(f Family) nftables.TableFamily {
+	if f == IPv6 {
+		return nftables.TableFamilyIPv6
+	}
+	return nftables.TableFamilyIPv4
+}
+
+// refusal is the kernel's answer to a batch that failed: the error of the
+// first message it refused and that message's sequence number.
+type refusal struct {
+	seq   uint32
+	errno unix.Errno
+}
+
+// sendBatch sends a written batch in the network namespace of conn and
+// returns the first refusal in the kernel's replies, if any. The kernel
+// handles a batch while sendmsg runs, so every reply is queued when it
+// returns. conn's test dialer, when it has one, stands in for the kernel.
+func sendBatch(conn *nftables.Conn, buf []byte, msgs int) (*refusal, error) {
+	if conn.TestDial != nil {
+		return sendBatchTest(conn, buf)
+	}
+	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: conn.NetNS})
+	if err != nil {
+		return nil, fmt.Errorf("dial netfilter socket: %w", err)
+	}
+	defer sock.Close()
+	// A refused message comes back without its payload (an element list
+	// can be 32 KiB), so that many errors still fit the receive buffer.
+	if err := sock.SetOption(netlink.CapAcknowledge, true); err != nil {
+		return nil, fmt.Errorf("set netlink option: %w", err)
+	}
+	// The kernel refuses a message longer than the send buffer; replies
+	// (rules are echoed) get 1 KiB per message, as nft gives them.
+	if err := sock.SetWriteBuffer(len(buf) + 4096); err != nil {
+		return nil, fmt.Errorf("size send buffer: %w", err)
+	}
+	if err := sock.SetReadBuffer(max(1<<20, msgs*1024)); err != nil {
+		return nil, fmt.Errorf("size receive buffer: %w", err)
+	}
+	rc, err := sock.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("get raw socket: %w", err)
+	}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return !errors.Is(serr, unix.EAGAIN)
+	}); err != nil {
+		return nil, fmt.Errorf("send batch: %w", err)
+	}
+	if serr != nil {
+		return nil, fmt.Errorf("send batch: %w", serr)
+	}
+	var first *refusal
+	rbuf := make([]byte, 64<<10)
+	for {
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), rbuf, unix.MSG_DONTWAIT)
+			return true // never wait: what has not come is not coming
+		}); err != nil {
+			return nil, fmt.Errorf("receive replies: %w", err)
+		}
+		switch {
+		case errors.Is(rerr, unix.EAGAIN):
+			return first, nil
+		case errors.Is(rerr, unix.EINTR):
+			continue
+		case rerr != nil:
+			// ENOBUFS: replies were dropped; the caller says what that means.
+			return nil, fmt.Errorf("receive replies: %w", rerr)
+		}
+		msgs, err := splitMessages(rbuf[:n])
+		if err != nil {
+			return nil, fmt.Errorf("parse replies: %w", err)
+		}
+		if r := firstRefusal(msgs); first == nil {
+			first = r
+		}
+	}
+}
+
+// sendBatchTest hands the batch's messages to conn's test dialer, as the
+// library would, and reads its replies as the kernel's.
+func sendBatchTest(conn *nftables.Conn, buf []byte) (*refusal, error) {
+	msgs, err := splitMessages(buf)
+	if err != nil {
+		return nil, fmt.Errorf("parse batch: %w", err)
+	}
+	replies, err := conn.TestDial(msgs)
+	if err != nil {
+		return nil, fmt.Errorf("send batch: %w", err)
+	}
+	return firstRefusal(replies), nil
+}
+
+// firstRefusal finds the first error among replies; acknowledgements (error
+// 0) and echoed rules are not.
+func firstRefusal(replies []netlink.Message) *refusal {
+	for _, m := range replies {
+		if m.Header.Type != netlink.Error || len(m.Data) < 4 {
+			continue
+		}
+		if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {
+			return &refusal{seq: m.Header.Sequence, errno: unix.Errno(-code)}
+		}
+	}
+	return nil
+}
+
+// splitMessages splits a buffer into the netlink messages in it; their data
+// points into b.
+func splitMessages(b []byte) ([]netlink.Message, error) {
+	var out []netlink.Message
+	for len(b) > 0 {
+		if len(b) < nlmsgHeaderLen {
+			return nil, errors.New("split messages: short header")
+		}
+		n := int(binary.NativeEndian.Uint32(b))
+		if n < nlmsgHeaderLen || n > len(b) {
+			return nil, fmt.Errorf("split messages: length %d of %d bytes", n, len(b))
+		}
+		out = append(out, netlink.Message{
+			Header: netlink.Header{
+				Length:   uint32(n),
+				Type:     netlink.HeaderType(binary.NativeEndian.Uint16(b[4:])),
+				Flags:    netlink.HeaderFlags(binary.NativeEndian.Uint16(b[6:])),
+				Sequence: binary.NativeEndian.Uint32(b[8:]),
+				PID:      binary.NativeEndian.Uint32(b[12:]),
+			},
+			Data: b[nlmsgHeaderLen:n],
+		})
+		b = b[min(align4(n), len(b)):]
+	}
+	return out, nil
+}
