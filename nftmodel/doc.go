@@ -5,9 +5,13 @@
 // The model has one renderer to nft syntax (Render), whose text is exactly what
 // `nft list table` prints once the same model has been applied over netlink; a
 // pure Diff between an applied and a desired ruleset; and an applier that
-// translates a full ruleset or a diff into one google/nftables batch.
+// translates a full ruleset or a diff into one netlink batch: google/nftables
+// encodes tables, chains, rules and sets, set elements are encoded straight
+// into the batch's one buffer (netlink_wire.go), which goes out in a single
+// sendmsg.
 //
-// Nothing in this package opens a kernel connection by itself: the applier
-// takes its *nftables.Conn from the caller, so tests can point it at a test
-// dialer or at a network namespace.
+// The applier takes its *nftables.Conn from the caller, reads the kernel's
+// state through it and sends batches on a socket it opens in that
+// connection's network namespace (or hands them to the connection's test
+// dialer), so tests can point it at a test dialer or at a namespace.
 package nftmodel
