@@ -10,8 +10,9 @@
 // into the batch's one buffer (netlink_wire.go), which goes out in a single
 // sendmsg.
 //
-// The applier takes its *nftables.Conn from the caller, reads the kernel's
-// state through it and sends batches on a socket it opens in that
-// connection's network namespace (or hands them to the connection's test
-// dialer), so tests can point it at a test dialer or at a namespace.
+// The applier works on a Conn from the caller (Dial, or NewConn around a
+// google/nftables connection): it reads the kernel's state through the
+// library and sends batches on a socket the Conn keeps in the same network
+// namespace (or hands them to the connection's test dialer), so tests can
+// point it at a test dialer or at a namespace.
 package nftmodel

@@ -22,7 +22,7 @@ import (
 // skip otherwise (netns.New does the skipping).
 
 // nftNS is a fresh namespace with a connection made by Dial.
-func nftNS(t *testing.T) (*netns.NS, *nftables.Conn) {
+func nftNS(t *testing.T) (*netns.NS, *Conn) {
 	t.Helper()
 	ns := netns.New(t, "nftmodel")
 	conn, err := Dial(ns.Fd())
@@ -292,7 +292,7 @@ func nft(t *testing.T, ns *netns.NS, args ...string) {
 
 // setKeys returns the first key part of every element the kernel holds in
 // the named set, whose key must start with an address.
-func setKeys(t *testing.T, conn *nftables.Conn, rs *Ruleset, set string) []netip.Addr {
+func setKeys(t *testing.T, conn *Conn, rs *Ruleset, set string) []netip.Addr {
 	t.Helper()
 	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
 	size := 4
@@ -382,12 +382,12 @@ func TestApplyAgainKeepsAffinity(t *testing.T) {
 func TestApplyRepairsDrift(t *testing.T) {
 	tests := []struct {
 		name      string
-		drift     func(t *testing.T, ns *netns.NS, conn *nftables.Conn, T string)
+		drift     func(t *testing.T, ns *netns.NS, conn *Conn, T string)
 		recreated []string // chains and sets that move to the end
 	}{
 		{
 			name: "objects",
-			drift: func(t *testing.T, ns *netns.NS, conn *nftables.Conn, T string) {
+			drift: func(t *testing.T, ns *netns.NS, conn *Conn, T string) {
 				table := &nftables.Table{Name: T, Family: nftables.TableFamilyIPv4}
 				rules, err := conn.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
 				if err != nil {
@@ -412,7 +412,7 @@ func TestApplyRepairsDrift(t *testing.T) {
 		},
 		{
 			name: "table switched off",
-			drift: func(t *testing.T, ns *netns.NS, _ *nftables.Conn, T string) {
+			drift: func(t *testing.T, ns *netns.NS, _ *Conn, T string) {
 				nft(t, ns, "add", "table", "ip", T, "{ flags dormant; }")
 				nft(t, ns, "add", "chain", "ip", T, "intruder")
 			},

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,12 +25,24 @@ type Stats struct {
 // the kernel would take longer ones, but then the text could not be loaded.
 const maxCommentLen = 128
 
-// Dial opens a lasting nftables connection in the network namespace netnsFd
-// (0 for the caller's own); close it with CloseLasting. The connection
-// reads the kernel's state; batches go out on a socket of their own, opened
-// in the connection's namespace for each batch and sized for it (forcing
-// past rmem_max/wmem_max when we are root), see sendBatch.
-func Dial(netnsFd int) (*nftables.Conn, error) {
+// Conn is a connection to one network namespace's nftables: a google/nftables
+// connection, through which the applier reads the kernel's state, and a
+// netfilter socket of its own for batches, opened in the same namespace at
+// the first batch and kept (closing a socket waits for the kernel to finish
+// freeing what the last batch deleted; see sendBatch). With a test dialer
+// the batches go to the dialer instead.
+type Conn struct {
+	*nftables.Conn
+	mu      sync.Mutex
+	batches *netlink.Conn
+}
+
+// NewConn wraps a google/nftables connection; close it with CloseLasting.
+func NewConn(c *nftables.Conn) *Conn { return &Conn{Conn: c} }
+
+// Dial opens a lasting connection in the network namespace netnsFd (0 for
+// the caller's own); close it with CloseLasting.
+func Dial(netnsFd int) (*Conn, error) {
 	opts := []nftables.ConnOption{nftables.AsLasting()}
 	if netnsFd != 0 {
 		opts = append(opts, nftables.WithNetNSFd(netnsFd))
@@ -37,7 +51,20 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial nftables: %w", err)
 	}
-	return c, nil
+	return NewConn(c), nil
+}
+
+// CloseLasting closes the batch socket and the library's lasting socket.
+func (c *Conn) CloseLasting() error {
+	c.mu.Lock()
+	sock := c.batches
+	c.batches = nil
+	c.mu.Unlock()
+	var err error
+	if sock != nil {
+		err = sock.Close()
+	}
+	return errors.Join(err, c.Conn.CloseLasting())
 }
 
 // Apply makes the table (rs.Family, rs.Table) hold exactly rs, in one batch,
@@ -71,7 +98,7 @@ func Dial(netnsFd int) (*nftables.Conn, error) {
 //
 // Any other error from the kernel leaves the table's state unknown: the
 // caller must apply in full again.
-func Apply(conn *nftables.Conn, rs *Ruleset) (Stats, error) {
+func Apply(conn *Conn, rs *Ruleset) (Stats, error) {
 	for attempt := 1; ; attempt++ {
 		stats, err := applyOnce(conn, rs, attempt < maxApplyAttempts)
 		if attempt == maxApplyAttempts || !errors.Is(err, unix.ERESTART) {
@@ -84,7 +111,7 @@ func Apply(conn *nftables.Conn, rs *Ruleset) (Stats, error) {
 // ruleset changed while it planned.
 const maxApplyAttempts = 3
 
-func applyOnce(conn *nftables.Conn, rs *Ruleset, guarded bool) (Stats, error) {
+func applyOnce(conn *Conn, rs *Ruleset, guarded bool) (Stats, error) {
 	b := newBatch(conn, rs.Family, rs.Table)
 	// Translate the model before asking the kernel anything: a model that
 	// can't be encoded fails without I/O and leaves nothing queued.
@@ -131,7 +158,7 @@ type tableState struct {
 
 // Generation returns the namespace's ruleset generation, which every
 // nftables commit there increments.
-func Generation(conn *nftables.Conn) (uint32, error) {
+func Generation(conn *Conn) (uint32, error) {
 	gen, err := conn.GetGen()
 	if err != nil {
 		return 0, fmt.Errorf("get ruleset generation: %w", err)
@@ -141,7 +168,7 @@ func Generation(conn *nftables.Conn) (uint32, error) {
 
 // readTable reads the table's flags, chains and sets; none when it doesn't
 // exist.
-func readTable(conn *nftables.Conn, t *nftables.Table) (*tableState, error) {
+func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 	gen, err := Generation(conn)
 	if err != nil {
 		return nil, err
@@ -289,7 +316,7 @@ func sameChain(k *nftables.Chain, c *Chain) bool {
 // Changes name the sets whose elements change but not their types, which the
 // element encoding needs; the types of sets that c does not add are read from
 // the kernel (one request per set) before the batch is built.
-func ApplyChanges(conn *nftables.Conn, family Family, table string, c *Changes) (Stats, error) {
+func ApplyChanges(conn *Conn, family Family, table string, c *Changes) (Stats, error) {
 	b := newBatch(conn, family, table)
 	for _, s := range c.AddSets {
 		if err := b.addSet(s); err != nil {
@@ -339,7 +366,7 @@ func ApplyChanges(conn *nftables.Conn, family Family, table string, c *Changes) 
 
 // Delete removes the table (family, name) with everything in it, if it
 // exists, in one batch.
-func Delete(conn *nftables.Conn, family Family, table string) error {
+func Delete(conn *Conn, family Family, table string) error {
 	b := newBatch(conn, family, table)
 	b.addTable() // so that the deletion can't fail with ENOENT
 	b.delTable()

@@ -324,7 +324,7 @@ func TestApplyRetriesStaleGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Apply(conn, &Ruleset{Family: IPv4, Table: "t"}); err != nil {
+	if _, err := Apply(NewConn(conn), &Ruleset{Family: IPv4, Table: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	if d := gocmp.Diff([]uint32{10, 11, 0}, gens); d != "" {

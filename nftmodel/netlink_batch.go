@@ -17,7 +17,7 @@ import (
 // the namespace the batch goes to); the library encodes its messages on a
 // connection of its own that sends nothing (see send).
 type batch struct {
-	conn   *nftables.Conn
+	conn   *Conn
 	lib    *nftables.Conn
 	family Family
 	table  *nftables.Table
@@ -47,7 +47,7 @@ type elementsStep struct {
 	add bool
 }
 
-func newBatch(conn *nftables.Conn, f Family, table string) *batch {
+func newBatch(conn *Conn, f Family, table string) *batch {
 	fam := nftables.TableFamilyIPv4
 	if f == IPv6 {
 		fam = nftables.TableFamilyIPv6
@@ -407,7 +407,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	b.captured = nil
 
 	b.stats.Messages = len(what) + 2
-	refused, err := sendBatch(b.conn, w.buf, b.stats.Messages)
+	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)
 	if err == nil && refused == nil {
 		return b.stats, nil
 	}

@@ -25,7 +25,7 @@ type recorder struct {
 	gen     uint32
 }
 
-func newRecorder(t *testing.T, sets ...*Set) (*recorder, *nftables.Conn) {
+func newRecorder(t *testing.T, sets ...*Set) (*recorder, *Conn) {
 	r := &recorder{t: t, sets: map[string]*Set{}}
 	for _, s := range sets {
 		r.sets[s.Name] = s
@@ -34,7 +34,7 @@ func newRecorder(t *testing.T, sets ...*Set) (*recorder, *nftables.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, conn
+	return r, NewConn(conn)
 }
 
 func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {

@@ -236,23 +236,20 @@ type refusal struct {
 	errno unix.Errno
 }
 
-// sendBatch sends a written batch in the network namespace of conn and
-// returns the first refusal in the kernel's replies, if any. The kernel
-// handles a batch while sendmsg runs, so every reply is queued when it
-// returns. conn's test dialer, when it has one, stands in for the kernel.
-func sendBatch(conn *nftables.Conn, buf []byte, msgs int) (*refusal, error) {
+// sendBatch sends a written batch of msgs messages numbered from seq on
+// conn's batch socket and returns the
+// first refusal in the kernel's replies, if any. The kernel handles a batch
+// while sendmsg runs, so every reply is queued when it returns. conn's test
+// dialer, when it has one, stands in for the kernel.
+func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
 	if conn.TestDial != nil {
-		return sendBatchTest(conn, buf)
+		return sendBatchTest(conn, buf, seq, msgs)
 	}
-	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: conn.NetNS})
+	conn.mu.Lock()
+	defer conn.mu.Unlock()
+	sock, err := conn.batchSocket()
 	if err != nil {
-		return nil, fmt.Errorf("dial netfilter socket: %w", err)
-	}
-	defer sock.Close()
-	// A refused message comes back without its payload (an element list
-	// can be 32 KiB), so that many errors still fit the receive buffer.
-	if err := sock.SetOption(netlink.CapAcknowledge, true); err != nil {
-		return nil, fmt.Errorf("set netlink option: %w", err)
+		return nil, err
 	}
 	// The kernel refuses a message longer than the send buffer; replies
 	// (rules are echoed) get 1 KiB per message, as nft gives them.
@@ -279,10 +276,10 @@ func sendBatch(conn *nftables.Conn, buf []byte, msgs int) (*refusal, error) {
 	var first *refusal
 	rbuf := make([]byte, 64<<10)
 	for {
-		var n int
+		var got int
 		var rerr error
 		if err := rc.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), rbuf, unix.MSG_DONTWAIT)
+			got, _, rerr = unix.Recvfrom(int(fd), rbuf, unix.MSG_DONTWAIT)
 			return true // never wait: what has not come is not coming
 		}); err != nil {
 			return nil, fmt.Errorf("receive replies: %w", err)
@@ -293,22 +290,46 @@ func sendBatch(conn *nftables.Conn, buf []byte, msgs int) (*refusal, error) {
 		case errors.Is(rerr, unix.EINTR):
 			continue
 		case rerr != nil:
-			// ENOBUFS: replies were dropped; the caller says what that means.
+			// ENOBUFS: replies were dropped; the caller says what that
+			// means. Whatever else is queued belongs to this batch: drop the
+			// socket so the next batch starts clean.
+			_ = sock.Close()
+			conn.batches = nil
 			return nil, fmt.Errorf("receive replies: %w", rerr)
 		}
-		msgs, err := splitMessages(rbuf[:n])
+		replies, err := splitMessages(rbuf[:got])
 		if err != nil {
 			return nil, fmt.Errorf("parse replies: %w", err)
 		}
-		if r := firstRefusal(msgs); first == nil {
+		if r := firstRefusal(replies, seq, msgs); first == nil {
 			first = r
 		}
 	}
 }
 
+// batchSocket returns the batch socket, opening it in the connection's
+// namespace the first time. The caller holds conn.mu.
+func (c *Conn) batchSocket() (*netlink.Conn, error) {
+	if c.batches != nil {
+		return c.batches, nil
+	}
+	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.NetNS})
+	if err != nil {
+		return nil, fmt.Errorf("dial netfilter socket: %w", err)
+	}
+	// A refused message comes back without its payload (an element list
+	// can be 32 KiB), so that many errors still fit the receive buffer.
+	if err := sock.SetOption(netlink.CapAcknowledge, true); err != nil {
+		_ = sock.Close()
+		return nil, fmt.Errorf("set netlink option: %w", err)
+	}
+	c.batches = sock
+	return sock, nil
+}
+
 // sendBatchTest hands the batch's messages to conn's test dialer, as the
 // library would, and reads its replies as the kernel's.
-func sendBatchTest(conn *nftables.Conn, buf []byte) (*refusal, error) {
+func sendBatchTest(conn *Conn, buf []byte, seq uint32, n int) (*refusal, error) {
 	msgs, err := splitMessages(buf)
 	if err != nil {
 		return nil, fmt.Errorf("parse batch: %w", err)
@@ -317,14 +338,15 @@ func sendBatchTest(conn *nftables.Conn, buf []byte) (*refusal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("send batch: %w", err)
 	}
-	return firstRefusal(replies), nil
+	return firstRefusal(replies, seq, n), nil
 }
 
-// firstRefusal finds the first error among replies; acknowledgements (error
-// 0) and echoed rules are not.
-func firstRefusal(replies []netlink.Message) *refusal {
+// firstRefusal finds the first error among replies to the batch of n
+// messages numbered from seq; acknowledgements (error 0), echoed rules and
+// replies to other batches are not.
+func firstRefusal(replies []netlink.Message, seq uint32, n int) *refusal {
 	for _, m := range replies {
-		if m.Header.Type != netlink.Error || len(m.Data) < 4 {
+		if m.Header.Type != netlink.Error || len(m.Data) < 4 || m.Header.Sequence-seq >= uint32(n) {
 			continue
 		}
 		if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -194,7 +193,7 @@ func fullSyncNftText(res *Results, n, runs int) error {
 // connection and proxier a daemon would keep.
 type updater struct {
 	ns      *netns.NS
-	conn    *nftables.Conn
+	conn    *m.Conn
 	snap    *k8s.Snapshot
 	applied *m.Ruleset // Compile(snap), for the paths that diff rulesets
 	proxier *proxier.Proxier
@@ -204,7 +203,7 @@ type updater struct {
 
 // timedKernel is the netlink kernel of the proxier, timing each batch.
 type timedKernel struct {
-	conn          *nftables.Conn
+	conn          *m.Conn
 	took          time.Duration
 	full, changes int
 }

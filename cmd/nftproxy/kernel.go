@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 
-	"github.com/google/nftables"
-
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/k8s"
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -13,7 +11,7 @@ import (
 
 // netlinkKernel is the proxier's kernel writer: the netlink applier on one
 // lasting connection in the daemon's network namespace.
-type netlinkKernel struct{ conn *nftables.Conn }
+type netlinkKernel struct{ conn *nftmodel.Conn }
 
 func (k netlinkKernel) Apply(rs *nftmodel.Ruleset) (nftmodel.Stats, error) {
 	return nftmodel.Apply(k.conn, rs)
