@@ -26,6 +26,10 @@ type childReport struct {
 	CompileMS float64 `json:"compile_ms"`
 	ApplyMS   float64 `json:"apply_ms"`
 	Elements  int     `json:"elements"`
+	// PeakKiB is the child's VmHWM. getrusage's maxrss of a child can't
+	// serve: Linux counts into it the memory of the parent the child was
+	// cloned from before exec, and the bench is bigger than a small sync.
+	PeakKiB int `json:"peak_kib"`
 	// Live heap after a collection at each stage, with --child-memstats.
 	HeapMiB map[string]float64 `json:"heap_mib,omitempty"`
 }
@@ -72,6 +76,11 @@ func childSync(n int, nsPath string, memstats bool) error {
 	}
 	rep.CompileMS, rep.ApplyMS, rep.Elements = ms(compiled.Sub(start)), ms(time.Since(compiled)), stats.Elements
 	runtime.KeepAlive(snap)
+	st, err := procStatus(os.Getpid())
+	if err != nil {
+		return err
+	}
+	rep.PeakKiB = st["VmHWM"]
 	return json.NewEncoder(os.Stdout).Encode(rep)
 }
 
@@ -106,7 +115,7 @@ func runChild(n int, memstats bool, env ...string) (childRun, error) {
 		if !ok {
 			return errors.New("read child rusage: not a syscall.Rusage")
 		}
-		run.rssMiB = float64(ru.Maxrss) / 1024 // KiB
+		run.rssMiB = float64(run.rep.PeakKiB) / 1024
 		run.cpuMS = ms(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
 		return nil
 	})
