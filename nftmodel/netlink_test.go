@@ -1,8 +1,10 @@
 package nftmodel
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -568,5 +570,45 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 				t.Errorf("data differs from the library's:\n got %x\nwant %x", got[0].Data, want.Data)
 			}
 		})
+	}
+}
+
+// Only errors answering this batch's messages count: acknowledgements,
+// echoed rules and errors left over from another batch do not.
+func TestFirstRefusal(t *testing.T) {
+	reply := func(typ netlink.HeaderType, seq uint32, code int32) netlink.Message {
+		data := binary.NativeEndian.AppendUint32(nil, uint32(code))
+		return netlink.Message{Header: netlink.Header{Length: uint32(16 + len(data)), Type: typ, Sequence: seq}, Data: data}
+	}
+	newRule := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE)
+	tests := []struct {
+		name    string
+		replies []netlink.Message
+		want    *refusal
+	}{
+		{"none", nil, nil},
+		{"acks and echoes", []netlink.Message{reply(netlink.Error, 101, 0), reply(newRule, 102, 0)}, nil},
+		{"another batch's", []netlink.Message{reply(netlink.Error, 99, -int32(unix.ENOENT)), reply(netlink.Error, 110, -int32(unix.EEXIST))}, nil},
+		{"first of two", []netlink.Message{reply(netlink.Error, 99, -int32(unix.ENOENT)), reply(netlink.Error, 103, -int32(unix.ENOENT)),
+			reply(netlink.Error, 104, -int32(unix.EBUSY))}, &refusal{seq: 103, errno: unix.ENOENT}},
+	}
+	for _, tt := range tests {
+		// The batch: 10 messages numbered from 100.
+		if got := firstRefusal(tt.replies, 100, 10); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: firstRefusal = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+	// What the kernel sends back splits into the same messages.
+	var buf []byte
+	for _, m := range tests[3].replies {
+		b, err := m.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf = append(buf, b...)
+	}
+	got, err := splitMessages(buf)
+	if err != nil || len(got) != 3 || got[1].Header.Sequence != 103 || !slices.Equal(got[2].Data, tests[3].replies[2].Data) {
+		t.Errorf("splitMessages = %+v, %v", got, err)
 	}
 }
