@@ -10,14 +10,18 @@ import (
 // tracker hands out the same endpoint slice for a service whose endpoints did
 // not change, so the common case costs a pointer comparison.
 func sameServicePort(a, b *k8s.ServicePort) bool {
+	return sameServiceFields(a, b) && sameEndpoints(a.Endpoints, b.Endpoints)
+}
+
+// sameServiceFields compares everything but the endpoints.
+func sameServiceFields(a, b *k8s.ServicePort) bool {
 	return a.Name == b.Name && a.Port == b.Port && a.NodePort == b.NodePort &&
 		a.ExternalPolicyLocal == b.ExternalPolicyLocal && a.InternalPolicyLocal == b.InternalPolicyLocal &&
 		a.HealthCheckNodePort == b.HealthCheckNodePort && a.AffinityTimeout == b.AffinityTimeout &&
 		a.TrafficDistribution == b.TrafficDistribution &&
 		slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
 		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
-		slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
-		sameEndpoints(a.Endpoints, b.Endpoints)
+		slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges)
 }
 
 func sameEndpoints(a, b []k8s.Endpoint) bool {

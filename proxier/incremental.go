@@ -11,20 +11,15 @@ import (
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
-// incremental is one family's ruleset as applied, kept as the service ports
-// it was compiled from, so that a new snapshot costs a cheap comparison per
-// service port plus a compile of the few that changed, instead of a compile
-// and a diff of everything: an endpoint change then stays O(1) at any scale.
-// It holds no compiled pieces: compiling is deterministic, so the applied
-// piece of a changed service port is compiled again from its old version,
-// which saves the memory of a whole ruleset.
+// incremental is one family's ruleset as applied, kept as the reference
+// counts of what service ports share, so that a new snapshot costs a compile
+// of the service ports that changed (diffSnapshots finds them) instead of a
+// compile and a diff of everything. It holds no compiled pieces: compiling
+// is deterministic, so the applied piece of a changed service port is
+// compiled again from its old version in the proxier's last snapshot, which
+// saves the memory of a whole ruleset.
 type incremental struct {
 	c *compiler
-	// The service ports of the last snapshot, by name as snapshots are
-	// sorted. Snapshots are immutable; these point into the last one only,
-	// so older ones can be collected.
-	entries []*k8s.ServicePort
-	spare   []*k8s.ServicePort // the previous entries' array, reused
 	// Reference counts of what service ports share.
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
@@ -35,17 +30,14 @@ type incremental struct {
 func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
 	s := &incremental{
 		c:          newCompiler(cfg, snap),
-		entries:    make([]*k8s.ServicePort, len(snap.Services)),
 		shared:     map[sharedObj]int{},
 		hairpin:    map[netip.Addr]int{},
 		clusterIPs: map[netip.Addr]int{},
 	}
 	pieces := make([]*piece, len(snap.Services))
 	for i := range snap.Services {
-		sp := &snap.Services[i]
-		p := s.c.piece(sp)
+		p := s.c.piece(&snap.Services[i])
 		pieces[i] = p
-		s.entries[i] = sp
 		s.count(p, 1)
 	}
 	return s, s.c.assemble(pieces)
@@ -80,60 +72,39 @@ func (s *incremental) count(p *piece, delta int) {
 // elements is the number of set elements of the ruleset.
 func (s *incremental) elements() int { return s.elementCount }
 
-// ruleset assembles the whole ruleset, as Compile would from the snapshot
-// of the last update.
-func (s *incremental) ruleset() *m.Ruleset {
-	pieces := make([]*piece, len(s.entries))
-	for i, sp := range s.entries {
-		pieces[i] = s.c.piece(sp)
+// ruleset assembles the whole ruleset of snap, the snapshot of the last
+// update, as Compile would.
+func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
+	pieces := make([]*piece, len(snap.Services))
+	for i := range snap.Services {
+		pieces[i] = s.c.piece(&snap.Services[i])
 	}
 	return s.c.assemble(pieces)
 }
 
-// update brings the state to snap and returns the changes that bring the
-// kernel along. It walks the sorted snapshot and the sorted entries side by
-// side, so a service port that did not change costs a comparison. It
-// reports false when snap can't be reached incrementally (the node or the
-// service CIDRs changed, an affinity set changed its timeout, the snapshot
-// is not sorted by name); the state is then spoiled and the caller must
-// start over with a full sync.
-func (s *incremental) update(snap *k8s.Snapshot) (m.Changes, bool) {
+// update brings the state from the last snapshot to snap, given the service
+// ports that differ between them, and returns the changes that bring the
+// kernel along. It reports false when snap can't be reached incrementally
+// (the node or the service CIDRs changed, an affinity set changed its
+// timeout); the state is then spoiled and the caller must start over with a
+// full sync.
+func (s *incremental) update(snap *k8s.Snapshot, ports []portChange) (m.Changes, bool) {
 	if !reflect.DeepEqual(s.c.node, snap.Node) || !slices.Equal(s.c.serviceCIDRs, snap.ServiceCIDRs) {
 		return m.Changes{}, false
 	}
 	d := newDelta(s)
-	old, cur := s.entries, snap.Services
-	next := s.spare[:0]
-	for len(old) > 0 || len(cur) > 0 {
-		c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) })
-		if c < 0 { // removed
-			if !d.replace(s.c.piece(old[0]), nil) {
-				return m.Changes{}, false
-			}
-			old = old[1:]
-			continue
+	for _, pc := range ports {
+		var before, after *piece
+		if pc.old != nil {
+			before = s.c.piece(pc.old)
 		}
-		sp := &cur[0]
-		cur = cur[1:]
-		if len(next) > 0 && next[len(next)-1].Name.Compare(sp.Name) >= 0 {
-			return m.Changes{}, false
+		if pc.new != nil {
+			after = s.c.piece(pc.new)
 		}
-		next = append(next, sp)
-		var before *piece
-		if c == 0 {
-			prev := old[0]
-			old = old[1:]
-			if sameServicePort(prev, sp) {
-				continue
-			}
-			before = s.c.piece(prev)
-		}
-		if !d.replace(before, s.c.piece(sp)) {
+		if !d.replace(before, after) {
 			return m.Changes{}, false
 		}
 	}
-	clear(s.entries)
-	s.entries, s.spare = next, s.entries
 	return d.changes(), true
 }
 

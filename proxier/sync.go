@@ -174,13 +174,16 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.genKnown = false
 	before, genErr := p.opts.Kernel.Generation()
 	var commits uint32
-	svcChanges, epChanges := countChanges(p.prev, snap)
-	mt.ServiceChanges.Add(float64(svcChanges))
-	mt.EndpointChanges.Add(float64(epChanges))
+	diff, sorted := diffSnapshots(p.prev, snap)
+	mt.ServiceChanges.Add(float64(diff.serviceChanges))
+	mt.EndpointChanges.Add(float64(diff.endpointChanges))
 	for _, cfg := range p.opts.Configs {
-		state, stats, kind, err := p.apply(snap, cfg, full)
+		// Only a sorted snapshot can be walked beside the last one.
+		state, stats, kind, err := p.apply(snap, diff.ports, cfg, full || !sorted)
 		if err != nil {
-			p.applied[cfg.Family] = nil
+			// Every state must be at p.prev, which the next diff starts
+			// from; the families synced before this one are at snap.
+			clear(p.applied)
 			mt.SyncFailures.Inc()
 			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
 				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
@@ -200,7 +203,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
 			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
 		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
-			ce.Write(zap.String("ruleset", m.Render(state.ruleset())))
+			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
 		}
 	}
 	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits {
@@ -211,7 +214,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	mt.SyncLastTimestamp.SetToCurrentTime()
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", full), zap.Duration("took", elapsed),
-		zap.Int("services", len(snap.Services)), zap.Int("serviceChanges", svcChanges), zap.Int("endpointChanges", epChanges))
+		zap.Int("services", len(snap.Services)), zap.Int("serviceChanges", diff.serviceChanges), zap.Int("endpointChanges", diff.endpointChanges))
 	if p.opts.HealthChecks != nil {
 		p.opts.HealthChecks.Update(snap)
 	}
@@ -223,15 +226,16 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 }
 
 // apply brings one family's table to snap: only the changes of the service
-// ports that changed since the last sync, or the whole compiled ruleset when
-// full, when the kernel state is unknown, or when the change can't be made
-// incrementally. It returns the state the kernel is in on success.
-func (p *Proxier) apply(snap *k8s.Snapshot, cfg Config, full bool) (*incremental, m.Stats, string, error) {
+// ports that changed since the last sync (ports), or the whole compiled
+// ruleset when full, when the kernel state is unknown, or when the change
+// can't be made incrementally. It returns the state the kernel is in on
+// success.
+func (p *Proxier) apply(snap *k8s.Snapshot, ports []portChange, cfg Config, full bool) (*incremental, m.Stats, string, error) {
 	if state := p.applied[cfg.Family]; !full && state != nil {
 		// update spoils the state when it fails; the kernel still has the
 		// old ruleset then, and a full sync follows.
 		p.applied[cfg.Family] = nil
-		if changes, ok := state.update(snap); ok {
+		if changes, ok := state.update(snap, ports); ok {
 			if changes.Empty() {
 				return state, m.Stats{}, "none", nil
 			}
@@ -258,39 +262,66 @@ func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
 	}
 }
 
-// countChanges counts service ports whose service fields changed (added and
-// removed included) and those whose endpoints changed. Snapshots are sorted
-// by name, so one walk over both does it.
-func countChanges(prev, next *k8s.Snapshot) (services, endpoints int) {
+// portChange is a service port that differs between two snapshots: old is
+// nil for an added one, new for a removed one.
+type portChange struct{ old, new *k8s.ServicePort }
+
+// snapshotDiff is what changed from one snapshot to the next.
+type snapshotDiff struct {
+	ports           []portChange
+	serviceChanges  int // service ports whose service fields changed, added and removed included
+	endpointChanges int // service ports whose endpoints changed
+}
+
+// diffSnapshots walks prev (nil: none) and next side by side; both are
+// sorted by name, so this is one comparison per service port, the only
+// pass over the whole snapshot a delta sync makes. It reports false when
+// next is not sorted, which the walk relies on.
+func diffSnapshots(prev, next *k8s.Snapshot) (snapshotDiff, bool) {
+	var d snapshotDiff
 	var old []k8s.ServicePort
 	if prev != nil {
 		old = prev.Services
 	}
 	cur := next.Services
+	var last *k8s.ServicePort
 	for len(old) > 0 || len(cur) > 0 {
-		switch c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) }); {
-		case c < 0: // removed
-			services++
+		c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) })
+		if c < 0 { // removed
+			d.ports = append(d.ports, portChange{old: &old[0]})
+			d.serviceChanges++
 			old = old[1:]
-		case c > 0: // added
-			services++
-			if len(cur[0].Endpoints) > 0 {
-				endpoints++
+			continue
+		}
+		n := &cur[0]
+		cur = cur[1:]
+		if last != nil && last.Name.Compare(n.Name) >= 0 {
+			return d, false
+		}
+		last = n
+		if c > 0 { // added
+			d.ports = append(d.ports, portChange{new: n})
+			d.serviceChanges++
+			if len(n.Endpoints) > 0 {
+				d.endpointChanges++
 			}
-			cur = cur[1:]
-		default:
-			o, n := old[0], cur[0]
-			if !sameEndpoints(o.Endpoints, n.Endpoints) {
-				endpoints++
-			}
-			o.Endpoints, n.Endpoints = nil, nil
-			if !sameServicePort(&o, &n) {
-				services++
-			}
-			old, cur = old[1:], cur[1:]
+			continue
+		}
+		o := &old[0]
+		old = old[1:]
+		fields, eps := sameServiceFields(o, n), sameEndpoints(o.Endpoints, n.Endpoints)
+		if fields && eps {
+			continue
+		}
+		d.ports = append(d.ports, portChange{old: o, new: n})
+		if !fields {
+			d.serviceChanges++
+		}
+		if !eps {
+			d.endpointChanges++
 		}
 	}
-	return services, endpoints
+	return d, true
 }
 
 // walkOrder tells which head a merge walk over two name-sorted lists, with

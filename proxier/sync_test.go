@@ -3,6 +3,8 @@ package proxier
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/nftproxy/nftproxy/k8s"
@@ -12,27 +14,37 @@ import (
 // recordingKernel records what the proxier asks of the kernel. It checks no
 // semantics of its own: the netlink applier's kernel tests do that.
 type recordingKernel struct {
-	calls []string
-	fail  error
-	gen   uint32 // incremented by each successful batch, like the kernel's
+	calls      []string
+	fail       error
+	failFamily string   // when set ("ip", "ip6"), fail concerns this family only
+	gen        uint32   // incremented by each successful batch, like the kernel's
+}
+
+func (k *recordingKernel) failing(f m.Family) error {
+	if k.failFamily != "" && f.String() != k.failFamily {
+		return nil
+	}
+	return k.fail
 }
 
 func (k *recordingKernel) Generation() (uint32, error) { return k.gen, nil }
 
 func (k *recordingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	k.calls = append(k.calls, "full "+rs.Family.String())
-	if k.fail == nil {
+	err := k.failing(rs.Family)
+	if err == nil {
 		k.gen++
 	}
-	return m.Stats{Messages: 100}, k.fail
+	return m.Stats{Messages: 100}, err
 }
 
 func (k *recordingKernel) ApplyChanges(f m.Family, _ string, c *m.Changes) (m.Stats, error) {
 	k.calls = append(k.calls, "delta "+f.String())
-	if k.fail == nil {
+	err := k.failing(f)
+	if err == nil {
 		k.gen++
 	}
-	return m.Stats{Messages: 4}, k.fail
+	return m.Stats{Messages: 4}, err
 }
 
 func TestSyncFullThenDelta(t *testing.T) {
@@ -75,17 +87,49 @@ func TestSyncFullThenDelta(t *testing.T) {
 	}
 }
 
-func TestCountChanges(t *testing.T) {
+// TestSyncFailureInOneFamily: when the second family's batch fails, the
+// first family's table already holds the new snapshot (here: unchanged, as
+// the service has no IPv6 address) while the proxier's
+// last snapshot, which the next diff starts from, is the old one; so both
+// families sync in full next.
+func TestSyncFailureInOneFamily(t *testing.T) {
+	k := &recordingKernel{}
+	v6 := Config{Family: m.IPv6, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}
+	p := New(Options{Configs: []Config{v6, testConfig}, Kernel: k})
+	ctx := context.Background()
+	one := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
+	two := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3)}}
+	if err := p.Sync(ctx, one, false); err != nil {
+		t.Fatal(err)
+	}
+	k.calls, k.fail, k.failFamily = nil, errors.New("EBUSY"), "ip"
+	if err := p.Sync(ctx, two, false); err == nil {
+		t.Fatal("Sync succeeded with a failing ip batch")
+	}
+	k.calls, k.fail = nil, nil
+	if err := p.Sync(ctx, two, false); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"full ip6", "full ip"}; !slices.Equal(k.calls, want) {
+		t.Errorf("after a failure in ip: kernel calls %v, want %v", k.calls, want)
+	}
+}
+
+func TestDiffSnapshots(t *testing.T) {
 	a := svc("a", "http", "10.96.0.10", 2)
 	b := svc("b", "http", "10.96.0.11", 1)
 	b2 := svc("b", "http", "10.96.0.11", 2)
 	c := svc("c", "http", "10.96.0.12", 1, nodePort(30000))
 	prev := &k8s.Snapshot{Services: []k8s.ServicePort{a, b}}
 	next := &k8s.Snapshot{Services: []k8s.ServicePort{b2, c}}
-	svcs, eps := countChanges(prev, next)
+	d, sorted := diffSnapshots(prev, next)
 	// a removed, c added; b's endpoints and c's endpoints changed.
-	if svcs != 2 || eps != 2 {
-		t.Errorf("countChanges = %d services, %d endpoints; want 2, 2", svcs, eps)
+	if !sorted || d.serviceChanges != 2 || d.endpointChanges != 2 || len(d.ports) != 3 {
+		t.Errorf("diffSnapshots = %d services, %d endpoints, %d ports, sorted %v; want 2, 2, 3, true",
+			d.serviceChanges, d.endpointChanges, len(d.ports), sorted)
+	}
+	if _, sorted := diffSnapshots(nil, &k8s.Snapshot{Services: []k8s.ServicePort{b, a}}); sorted {
+		t.Error("diffSnapshots took an unsorted snapshot")
 	}
 }
 
