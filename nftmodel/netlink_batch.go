@@ -48,14 +48,10 @@ type elementsStep struct {
 }
 
 func newBatch(conn *Conn, f Family, table string) *batch {
-	fam := nftables.TableFamilyIPv4
-	if f == IPv6 {
-		fam = nftables.TableFamilyIPv6
-	}
 	b := &batch{
 		conn:   conn,
 		family: f,
-		table:  &nftables.Table{Name: table, Family: fam},
+		table:  &nftables.Table{Name: table, Family: libFamily(f)},
 		sets:   map[string]*nftables.Set{},
 		types:  map[string]*Set{},
 	}
@@ -304,8 +300,7 @@ func (b *batch) addElements(set string, els []Element) error { return b.elements
 func (b *batch) delElements(set string, els []Element) error { return b.elements(set, els, false) }
 
 // elements plans element additions or deletions in chunks that each fit one
-// message: google/nftables would split long lists itself, but older versions
-// silently truncated them, and chunks we make ourselves keep Stats exact.
+// message (a netlink attribute can't describe more than 64 KiB).
 func (b *batch) elements(set string, els []Element, add bool) error {
 	if len(els) == 0 {
 		return nil
@@ -320,11 +315,7 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 	}
 	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap())
 	for i := range els {
-		e := &els[i]
-		if len(e.Comment) > maxCommentLen {
-			return fmt.Errorf("change elements of set %s: comment of %s longer than %d bytes", set, renderValues(s.Key, e.Key), maxCommentLen)
-		}
-		if err := enc.check(e); err != nil {
+		if err := enc.check(&els[i]); err != nil {
 			return fmt.Errorf("change elements of set %s: %w", set, err)
 		}
 	}
@@ -386,7 +377,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	}
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
-			size += elementsMsgSize(b.table.Name, e.set, e.enc, e.els)
+			size += e.size(b.table.Name)
 		}
 	}
 	first := nextSeqs(len(what) + 2)
@@ -395,7 +386,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	lib := b.captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
-			w.elements(b.family, b.table.Name, e.set, e.enc, e.els, e.add)
+			w.elements(b.family, b.table.Name, e)
 			continue
 		}
 		for _, m := range lib[:s.msgs] {

@@ -157,18 +157,8 @@ func prefixMask(p netip.Prefix) []byte {
 }
 
 func verdictExpr(v Verdict) *expr.Verdict {
-	switch v.Kind {
-	case Accept:
-		return &expr.Verdict{Kind: expr.VerdictAccept}
-	case Drop:
-		return &expr.Verdict{Kind: expr.VerdictDrop}
-	case Return:
-		return &expr.Verdict{Kind: expr.VerdictReturn}
-	case Jump:
-		return &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Chain}
-	default:
-		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Chain}
-	}
+	kind, chain := verdictCode(v)
+	return &expr.Verdict{Kind: kind, Chain: chain}
 }
 
 // anonMap is an anonymous verdict map a rule needs; it must be added to the

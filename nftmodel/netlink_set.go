@@ -125,10 +125,13 @@ func encodedLen(ts []DataType) int {
 	return n
 }
 
-// check finds what would make lib encode an element wrongly.
+// check finds what the wire encoding can't carry, or nft could not list.
 func (enc *elementEncoder) check(e *Element) error {
 	if err := checkValues(enc.key, e.Key); err != nil {
 		return fmt.Errorf("encode element key: %w", err)
+	}
+	if len(e.Comment) > maxCommentLen {
+		return fmt.Errorf("encode element %s: comment longer than %d bytes", renderValues(enc.key, e.Key), maxCommentLen)
 	}
 	switch {
 	case enc.verdicts:
@@ -155,20 +158,7 @@ func checkValues(ts []DataType, vs []Value) error {
 	return nil
 }
 
-// lib converts a checked element to the library's form; tests compare the
-// wire encoding with the library's through it.
-func (enc *elementEncoder) lib(e *Element) nftables.SetElement {
-	le := nftables.SetElement{Key: KeyBytes(enc.key, e.Key), Comment: e.Comment}
-	switch {
-	case enc.verdicts:
-		le.VerdictData = verdictExpr(*e.Verdict)
-	case len(enc.data) > 0:
-		le.Val = KeyBytes(enc.data, e.Data)
-	}
-	return le
-}
-
-// size is elementSize(lib(e)) without converting.
+// size is the encoded size of a checked element, from the set's types.
 func (enc *elementEncoder) size(e *Element) int {
 	switch {
 	case enc.verdicts:

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -449,50 +450,38 @@ func TestElementSizeMatchesLibrary(t *testing.T) {
 	}
 }
 
-// The encoder sizes model elements without converting them; its sizes must
-// be those of the converted elements, or chunks would overflow.
-func TestElementEncoderSizes(t *testing.T) {
+// The encoder refuses what the wire can't carry or nft could not list.
+func TestElementEncoderCheck(t *testing.T) {
 	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
-	goTo := &Verdict{Kind: Goto, Chain: "service-web"}
-	tests := []struct {
-		key, data []DataType
-		verdicts  bool
-		el        Element
-	}{
-		{[]DataType{TypeIPv4Addr}, nil, false, Element{Key: []Value{A(v4)}}},
-		{[]DataType{TypeIPv6Addr}, nil, false, Element{Key: []Value{A(v6)}, Comment: "default/web:http"}},
-		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, []DataType{TypeVerdict}, true,
-			Element{Key: []Value{A(v4), N(6), N(80)}, Verdict: goTo, Comment: "default/web:http"}},
-		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, []DataType{TypeVerdict}, true,
-			Element{Key: []Value{A(v4), N(17), N(53)}, Verdict: &Verdict{Kind: Drop}}},
-		{[]DataType{TypeInetProto, TypeInetService}, []DataType{TypeIPv6Addr, TypeInetService}, false,
-			Element{Key: []Value{N(6), N(80)}, Data: []Value{A(v6), N(8080)}}},
-		// A deletion: key only.
-		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, nil, false,
-			Element{Key: []Value{A(v4), N(6), N(80)}, Verdict: goTo}},
-	}
-	for _, tt := range tests {
-		enc := newElementEncoder(tt.key, tt.data, tt.verdicts)
-		if err := enc.check(&tt.el); err != nil {
-			t.Fatal(err)
-		}
-		lib := enc.lib(&tt.el)
-		if got, want := enc.size(&tt.el), elementSize(&lib); got != want {
-			t.Errorf("size of %+v = %d, converted %d", tt.el, got, want)
-		}
-	}
 	bad := []struct {
 		key []DataType
 		el  Element
 	}{
 		{[]DataType{TypeIPv4Addr}, Element{Key: []Value{A(v6)}}},
 		{[]DataType{TypeIPv4Addr, TypeInetService}, Element{Key: []Value{A(v4)}}},
+		{[]DataType{TypeIPv4Addr}, Element{Key: []Value{A(v4)}, Comment: strings.Repeat("c", maxCommentLen+1)}},
 	}
 	for _, tt := range bad {
 		if err := newElementEncoder(tt.key, nil, false).check(&tt.el); err == nil {
 			t.Errorf("check(%+v) passed", tt.el)
 		}
 	}
+	if err := newElementEncoder([]DataType{TypeIPv4Addr}, []DataType{TypeVerdict}, true).check(&Element{Key: []Value{A(v4)}}); err == nil {
+		t.Error("check passed a verdict map element without verdict")
+	}
+}
+
+// libElement converts a checked element to google/nftables' form, to
+// compare the wire encoding with the library's.
+func libElement(enc *elementEncoder, e *Element) nftables.SetElement {
+	le := nftables.SetElement{Key: KeyBytes(enc.key, e.Key), Comment: e.Comment}
+	switch {
+	case enc.verdicts:
+		le.VerdictData = verdictExpr(*e.Verdict)
+	case len(enc.data) > 0:
+		le.Val = KeyBytes(enc.data, e.Data)
+	}
+	return le
 }
 
 // The applier writes element messages itself; they must be what
@@ -519,6 +508,7 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 			{Key: []Value{N(2)}, Data: []Value{A(v6), N(8081)}, Comment: "c"},
 		}},
 		{"set", IPv4, []DataType{TypeIPv4Addr}, nil, false, true, []Element{{Key: []Value{A(v4)}}}},
+		{"IPv6 set with a comment", IPv6, []DataType{TypeIPv6Addr}, nil, false, true, []Element{{Key: []Value{A(v6)}, Comment: "default/web:http"}}},
 		{"deletion", IPv4, concat, nil, false, false, []Element{{Key: []Value{A(v4), N(6), N(80)}}}},
 	}
 	for _, tt := range tests {
@@ -539,7 +529,7 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 				if err := enc.check(&tt.els[i]); err != nil {
 					t.Fatal(err)
 				}
-				lels[i] = enc.lib(&tt.els[i])
+				lels[i] = libElement(enc, &tt.els[i])
 			}
 			r, conn := newRecorder(t)
 			call := conn.SetAddElements
@@ -555,9 +545,10 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 			want := r.lastBatch()[1]
 
 			w := &wire{}
-			w.elements(tt.family, table.Name, ls, enc, tt.els, tt.add)
-			if got := elementsMsgSize(table.Name, ls, enc, tt.els); got != len(w.buf) {
-				t.Errorf("elementsMsgSize = %d, wrote %d bytes", got, len(w.buf))
+			step := &elementsStep{set: ls, enc: enc, els: tt.els, add: tt.add}
+			w.elements(tt.family, table.Name, step)
+			if got := step.size(table.Name); got != len(w.buf) {
+				t.Errorf("size = %d, wrote %d bytes", got, len(w.buf))
 			}
 			got, err := splitMessages(w.buf)
 			if err != nil || len(got) != 1 {

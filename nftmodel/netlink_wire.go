@@ -134,21 +134,21 @@ func batchEdgeSize(genID uint32) int {
 	return n
 }
 
-// elementsMsgSize is the size of the message elements writes.
-func elementsMsgSize(table string, ls *nftables.Set, enc *elementEncoder, els []Element) int {
-	n := nlmsgHeaderLen + 4 + attrSize(len(ls.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
-	for i := range els {
-		n += enc.size(&els[i])
+// size is the size of the message wire.elements writes for e.
+func (e *elementsStep) size(table string) int {
+	n := nlmsgHeaderLen + 4 + attrSize(len(e.set.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
+	for i := range e.els {
+		n += e.enc.size(&e.els[i])
 	}
 	return n
 }
 
-// elements writes one message adding or deleting checked elements of the
-// set ls, as google/nftables' SetAddElements and SetDeleteElements encode
-// it.
-func (w *wire) elements(family Family, table string, ls *nftables.Set, enc *elementEncoder, els []Element, add bool) {
+// elements writes one message adding or deleting the checked elements of a
+// set, as google/nftables' SetAddElements and SetDeleteElements encode it.
+func (w *wire) elements(family Family, table string, e *elementsStep) {
+	ls, enc, els := e.set, e.enc, e.els
 	typ := unix.NFT_MSG_DELSETELEM
-	if add {
+	if e.add {
 		typ = unix.NFT_MSG_NEWSETELEM
 	}
 	// The library flags deletions with create too; the kernel ignores it.
@@ -237,8 +237,8 @@ type refusal struct {
 }
 
 // sendBatch sends a written batch of msgs messages numbered from seq on
-// conn's batch socket and returns the
-// first refusal in the kernel's replies, if any. The kernel handles a batch
+// conn's batch socket and returns the first refusal in the kernel's replies,
+// if any. The kernel handles a batch
 // while sendmsg runs, so every reply is queued when it returns. conn's test
 // dialer, when it has one, stands in for the kernel.
 func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
@@ -364,21 +364,12 @@ func splitMessages(b []byte) ([]netlink.Message, error) {
 		if len(b) < nlmsgHeaderLen {
 			return nil, errors.New("split messages: short header")
 		}
-		n := int(binary.NativeEndian.Uint32(b))
-		if n < nlmsgHeaderLen || n > len(b) {
-			return nil, fmt.Errorf("split messages: length %d of %d bytes", n, len(b))
+		var m netlink.Message
+		if err := m.UnmarshalBinary(b[:min(align4(int(binary.NativeEndian.Uint32(b))), len(b))]); err != nil {
+			return nil, fmt.Errorf("split messages: %w", err)
 		}
-		out = append(out, netlink.Message{
-			Header: netlink.Header{
-				Length:   uint32(n),
-				Type:     netlink.HeaderType(binary.NativeEndian.Uint16(b[4:])),
-				Flags:    netlink.HeaderFlags(binary.NativeEndian.Uint16(b[6:])),
-				Sequence: binary.NativeEndian.Uint32(b[8:]),
-				PID:      binary.NativeEndian.Uint32(b[12:]),
-			},
-			Data: b[nlmsgHeaderLen:n],
-		})
-		b = b[min(align4(n), len(b)):]
+		out = append(out, m)
+		b = b[min(align4(int(m.Header.Length)), len(b)):]
 	}
 	return out, nil
 }
