@@ -78,9 +78,9 @@ type sliceEntry struct {
 }
 
 type nodeEntry struct {
-	obj  *v1.Node
-	node Node
-	errs []error
+	version string
+	node    Node
+	errs    []error
 }
 
 // NewTracker returns an empty tracker; log receives a warning for each
@@ -212,27 +212,18 @@ func keyOf(ns, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
 
-// sameVersion tells whether an object is the version an entry was built
-// from, so it is neither converted nor reported again. Only the API server
-// sets versions; objects without one are converted again and compared by
-// what they yield.
+// Unchanged objects are neither converted nor reported again. An object
+// from the API server is unchanged when it has the version its entry was
+// built from (sameVersion). Manifests carry no version and are all read
+// again whenever the directory changes: one is unchanged when it yields what
+// its entry holds (reread, and the caller compares what it derived).
 func sameVersion(entry, obj string) bool { return obj != "" && entry == obj }
 
-// sameErrors tells whether two lists report the same problems.
-func sameErrors(a, b []error) bool {
-	return slices.EqualFunc(a, b, func(x, y error) bool { return x.Error() == y.Error() })
-}
-
-// sameObject tells whether an update carries nothing new, so unchanged
-// objects are neither converted nor reported again. reflect.DeepEqual is
-// three times faster than the API's semantic equality; a false difference
-// (a Quantity's cached string) only costs one conversion, whose result is
-// compared again.
-func sameObject[T interface{ GetResourceVersion() string }](a, b T) bool {
-	if rv := a.GetResourceVersion(); rv != "" && rv == b.GetResourceVersion() {
-		return true
-	}
-	return reflect.DeepEqual(a, b)
+// reread tells whether an entry and an object are both from manifests and
+// report the same problems.
+func reread(entryVersion, objVersion string, entryErrs, errs []error) bool {
+	return entryVersion == "" && objVersion == "" &&
+		slices.EqualFunc(entryErrs, errs, func(x, y error) bool { return x.Error() == y.Error() })
 }
 
 func (t *Tracker) setService(b *batch, svc *v1.Service) {
@@ -243,9 +234,9 @@ func (t *Tracker) setService(b *batch, svc *v1.Service) {
 	}
 	ports, errs := ServicePorts(svc)
 	e := &serviceEntry{version: svc.ResourceVersion, created: svc.CreationTimestamp, ports: ports, errs: errs}
-	if old != nil && old.version == "" && e.version == "" &&
-		old.created.Equal(&e.created) && reflect.DeepEqual(old.ports, ports) && sameErrors(old.errs, errs) {
-		return // a manifest read again
+	if old != nil && reread(old.version, e.version, old.errs, errs) &&
+		old.created.Equal(&e.created) && reflect.DeepEqual(old.ports, ports) {
+		return
 	}
 	b.problems = append(b.problems, errs...)
 	if len(ports) == 0 && len(errs) == 0 {
@@ -287,9 +278,8 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		return
 	}
 	eps, errs := EndpointsFromSlice(slice)
-	if old != nil && old.version == "" && slice.ResourceVersion == "" &&
-		reflect.DeepEqual(old.eps, eps) && sameErrors(old.errs, errs) {
-		return // a manifest read again
+	if old != nil && reread(old.version, slice.ResourceVersion, old.errs, errs) && reflect.DeepEqual(old.eps, eps) {
+		return
 	}
 	b.problems = append(b.problems, errs...)
 	if eps == nil && len(errs) == 0 {
@@ -354,12 +344,15 @@ func (t *Tracker) setNode(b *batch, node *v1.Node) {
 		}
 		return
 	}
-	if old != nil && sameObject(old.obj, node) {
+	if old != nil && sameVersion(old.version, node.ResourceVersion) {
 		return
 	}
 	n, errs := NodeFrom(node)
+	if old != nil && reread(old.version, node.ResourceVersion, old.errs, errs) && reflect.DeepEqual(old.node, n) {
+		return
+	}
 	b.problems = append(b.problems, errs...)
-	t.node = &nodeEntry{obj: node, node: n, errs: errs}
+	t.node = &nodeEntry{version: node.ResourceVersion, node: n, errs: errs}
 	if old == nil || !reflect.DeepEqual(old.node, n) {
 		t.stats.NodeChanges++
 		b.changed = true
