@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -61,16 +62,9 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 		regs = append(regs, reg)
 	}
 
-	add(KindService, factory.Core().V1().Services().Informer(), cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { setTyped(log, KindService, obj, tracker.SetService) },
-		UpdateFunc: func(_, obj any) { setTyped(log, KindService, obj, tracker.SetService) },
-		DeleteFunc: func(obj any) { deleteKey(log, KindService, obj, tracker.DeleteService) },
-	})
-	add(KindEndpointSlice, factory.Discovery().V1().EndpointSlices().Informer(), cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { setTyped(log, KindEndpointSlice, obj, tracker.SetSlice) },
-		UpdateFunc: func(_, obj any) { setTyped(log, KindEndpointSlice, obj, tracker.SetSlice) },
-		DeleteFunc: func(obj any) { deleteKey(log, KindEndpointSlice, obj, tracker.DeleteSlice) },
-	})
+	add(KindService, factory.Core().V1().Services().Informer(), handlers(log, KindService, tracker.SetService, tracker.DeleteService))
+	add(KindEndpointSlice, factory.Discovery().V1().EndpointSlices().Informer(),
+		handlers(log, KindEndpointSlice, tracker.SetSlice, tracker.DeleteSlice))
 	if nodeName != "" {
 		nodeSel := fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		inf := factory.InformerFor(&v1.Node{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
@@ -84,17 +78,11 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 				tracker.SetNode(n)
 			}
 		}
-		add(KindNode, inf, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { setTyped(log, KindNode, obj, setNode) },
-			UpdateFunc: func(_, obj any) { setTyped(log, KindNode, obj, setNode) },
-			DeleteFunc: func(obj any) {
-				deleteKey(log, KindNode, obj, func(_, name string) {
-					if name == nodeName {
-						tracker.SetNode(nil)
-					}
-				})
-			},
-		})
+		add(KindNode, inf, handlers(log, KindNode, setNode, func(_, name string) {
+			if name == nodeName {
+				tracker.SetNode(nil)
+			}
+		}))
 	}
 
 	// Whether to watch ServiceCIDRs is a question for the API server, which
@@ -111,13 +99,8 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName str
 			// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
 			inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slim)).
 				Networking().V1().ServiceCIDRs().Informer()
-			reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-				AddFunc:    func(obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
-				UpdateFunc: func(_, obj any) { setTyped(log, KindServiceCIDR, obj, tracker.SetServiceCIDR) },
-				DeleteFunc: func(obj any) {
-					deleteKey(log, KindServiceCIDR, obj, func(_, name string) { tracker.DeleteServiceCIDR(name) })
-				},
-			})
+			reg, err := inf.AddEventHandler(handlers(log, KindServiceCIDR, tracker.SetServiceCIDR,
+				func(_, name string) { tracker.DeleteServiceCIDR(name) }))
 			if err != nil {
 				log.Error("Failed to add event handler", zap.String("kind", KindServiceCIDR), zap.Error(err))
 				return
@@ -161,29 +144,26 @@ func slim(obj any) (any, error) {
 // waitServesServiceCIDRs tells whether the API server has networking.k8s.io/v1
 // ServiceCIDRs (Kubernetes 1.33 and later): an informer on a resource the
 // server lacks would never sync, and nothing would ever be applied. It asks
-// until the server answers or ctx ends (the only error).
+// every second until the server answers or ctx ends (the only error).
 func waitServesServiceCIDRs(ctx context.Context, client kubernetes.Interface, log *zap.Logger) (bool, error) {
-	delay := 200 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		serves, err := servesServiceCIDRs(ctx, client)
-		if err == nil {
-			if !serves {
-				log.Info("Not watching ServiceCIDRs: the API server does not serve them")
-			}
-			return serves, nil
+	var serves bool
+	lvl := log.Info // the first failure; the others at debug level
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if serves, err = servesServiceCIDRs(ctx, client); err != nil {
+			lvl("Cannot tell yet whether the API server serves ServiceCIDRs; retrying", zap.Error(err))
+			lvl = log.Debug
+			return false, nil
 		}
-		lvl := log.Debug
-		if attempt == 0 {
-			lvl = log.Info
-		}
-		lvl("Cannot tell yet whether the API server serves ServiceCIDRs; retrying", zap.Duration("in", delay), zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return false, fmt.Errorf("discover ServiceCIDRs: %w", context.Cause(ctx))
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 10*time.Second)
+		return true, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("discover ServiceCIDRs: %w", err)
 	}
+	if !serves {
+		log.Info("Not watching ServiceCIDRs: the API server does not serve them")
+	}
+	return serves, nil
 }
 
 // servesServiceCIDRs asks once. A 404 for the group version is an answer
@@ -225,6 +205,16 @@ type neverSynced struct{}
 
 func (neverSynced) HasSynced() bool                     { return false }
 func (neverSynced) HasSyncedChecker() cache.DoneChecker { return nil }
+
+// handlers feeds an informer's objects of type T to set and its deletions
+// to del.
+func handlers[T any](log *zap.Logger, kind string, set func(T), del func(namespace, name string)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { setTyped(log, kind, obj, set) },
+		UpdateFunc: func(_, obj any) { setTyped(log, kind, obj, set) },
+		DeleteFunc: func(obj any) { deleteKey(log, kind, obj, del) },
+	}
+}
 
 func setTyped[T any](log *zap.Logger, kind string, obj any, set func(T)) {
 	o, ok := obj.(T)
