@@ -22,6 +22,18 @@ type Kernel interface {
 	Generation() (uint32, error)
 }
 
+// NetlinkKernel is the real Kernel: the netlink applier on one connection,
+// lasting in the daemon.
+type NetlinkKernel struct{ Conn *m.Conn }
+
+func (k NetlinkKernel) Apply(rs *m.Ruleset) (m.Stats, error) { return m.Apply(k.Conn, rs) }
+
+func (k NetlinkKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
+	return m.ApplyChanges(k.Conn, f, table, c)
+}
+
+func (k NetlinkKernel) Generation() (uint32, error) { return m.Generation(k.Conn) }
+
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
 	Clean(ctx context.Context, prev, next *k8s.Snapshot) (deleted int, err error)

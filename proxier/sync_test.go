@@ -16,8 +16,8 @@ import (
 type recordingKernel struct {
 	calls      []string
 	fail       error
-	failFamily string   // when set ("ip", "ip6"), fail concerns this family only
-	gen        uint32   // incremented by each successful batch, like the kernel's
+	failFamily string // when set ("ip", "ip6"), fail concerns this family only
+	gen        uint32 // incremented by each successful batch, like the kernel's
 }
 
 func (k *recordingKernel) failing(f m.Family) error {

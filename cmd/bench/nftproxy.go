@@ -210,29 +210,25 @@ type updater struct {
 	next    int // the next fresh endpoint address
 }
 
-// timedKernel is the netlink kernel of the proxier, timing each batch.
+// timedKernel is the daemon's kernel, timing each batch.
 type timedKernel struct {
-	conn          *m.Conn
+	proxier.NetlinkKernel
 	took          time.Duration
 	full, changes int
 }
 
 func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	start := time.Now()
-	st, err := m.Apply(k.conn, rs)
+	st, err := k.NetlinkKernel.Apply(rs)
 	k.took, k.full = time.Since(start), k.full+1
 	return st, err
 }
 
 func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
 	start := time.Now()
-	st, err := m.ApplyChanges(k.conn, f, table, c)
+	st, err := k.NetlinkKernel.ApplyChanges(f, table, c)
 	k.took, k.changes = time.Since(start), k.changes+1
 	return st, err
-}
-
-func (k *timedKernel) Generation() (uint32, error) {
-	return m.Generation(k.conn)
 }
 
 // change is one update: the snapshot after it and the service it touched.
@@ -323,7 +319,7 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 			return err
 		}
 		defer func() { _ = conn.CloseLasting() }()
-		k := &timedKernel{conn: conn}
+		k := &timedKernel{NetlinkKernel: proxier.NetlinkKernel{Conn: conn}}
 		u := &updater{ns: ns, conn: conn, snap: snapshot(n, nil), kernel: k,
 			proxier: proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})}
 		resync := func() error { return u.proxier.Sync(context.Background(), u.snap, true) }

@@ -200,7 +200,7 @@ func (r *Results) markdown() string {
 
 	p("## Incremental updates\n\n")
 	p("With N services loaded, one change at a time, each starting from the state the previous one left. ")
-	p("*nftproxy* is what the daemon does on every change: `proxier.Sync` with the new snapshot, which walks it beside the applied state, recompiles only the service ports that changed, and sends their changes in one batch (`nftmodel.ApplyChanges`) over a lasting netlink connection (`nftmodel.Dial`); its user-space share (*nftproxy compile*) and its netlink share follow. ")
+	p("*nftproxy* is what the daemon does on every change: `proxier.Sync` with the new snapshot, which walks it beside the last snapshot once, compiles only the service ports that changed (old and new version), and sends their changes in one batch (`nftmodel.ApplyChanges`) over a lasting netlink connection (`nftmodel.Dial`); its user-space share (*nftproxy compile*) and its netlink share follow. ")
 	p("*full compile + diff* is the path the incremental compiler replaced, kept for comparison: `proxier.Compile` of the whole new snapshot, `nftmodel.Diff` against the whole applied ruleset, the same `ApplyChanges`. ")
 	p("*nft -f* sends the same diff as an nft script through the nft binary; building the diff and the script is not timed, so compare it with the *nftproxy netlink* column: both are only the trip to the kernel. ")
 	p("For iptables, *restore* is kube-proxy's full sync (every chain rewritten, `--noflush`) and *--noflush* its partial sync (the top-level chains, `KUBE-SERVICES` with its N rules included, plus the changed service's chains). ")

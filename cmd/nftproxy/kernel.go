@@ -9,22 +9,6 @@ import (
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
-// netlinkKernel is the proxier's kernel writer: the netlink applier on one
-// lasting connection in the daemon's network namespace.
-type netlinkKernel struct{ conn *nftmodel.Conn }
-
-func (k netlinkKernel) Apply(rs *nftmodel.Ruleset) (nftmodel.Stats, error) {
-	return nftmodel.Apply(k.conn, rs)
-}
-
-func (k netlinkKernel) ApplyChanges(f nftmodel.Family, table string, c *nftmodel.Changes) (nftmodel.Stats, error) {
-	return nftmodel.ApplyChanges(k.conn, f, table, c)
-}
-
-func (k netlinkKernel) Generation() (uint32, error) {
-	return nftmodel.Generation(k.conn)
-}
-
 // flowCleaner adapts the conntrack reconciler to the proxier.
 type flowCleaner struct{ r *conntrack.Reconciler }
 
