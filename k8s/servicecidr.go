@@ -13,8 +13,8 @@ const KindServiceCIDR = "ServiceCIDR"
 
 // serviceCIDREntry is what the tracker keeps of a ServiceCIDR object.
 type serviceCIDREntry struct {
-	resourceVersion string
-	prefixes        []netip.Prefix
+	version  string
+	prefixes []netip.Prefix
 }
 
 // SetServiceCIDR adds or updates a ServiceCIDR: the ranges ClusterIPs are
@@ -22,7 +22,7 @@ type serviceCIDREntry struct {
 func (t *Tracker) SetServiceCIDR(obj *networkingv1.ServiceCIDR) {
 	t.update(func(b *batch) {
 		old := t.serviceCIDRs[obj.Name]
-		if old != nil && obj.ResourceVersion != "" && old.resourceVersion == obj.ResourceVersion {
+		if old != nil && sameVersion(old.version, obj.ResourceVersion) {
 			return
 		}
 		prefixes, errs := ServiceCIDRFrom(obj)
@@ -30,7 +30,7 @@ func (t *Tracker) SetServiceCIDR(obj *networkingv1.ServiceCIDR) {
 		if t.serviceCIDRs == nil {
 			t.serviceCIDRs = map[string]*serviceCIDREntry{}
 		}
-		t.serviceCIDRs[obj.Name] = &serviceCIDREntry{resourceVersion: obj.ResourceVersion, prefixes: prefixes}
+		t.serviceCIDRs[obj.Name] = &serviceCIDREntry{version: obj.ResourceVersion, prefixes: prefixes}
 		if old == nil || !slices.Equal(old.prefixes, prefixes) {
 			b.changed = true
 		}
