@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kube-controller-manager from the tools module
+# Builds etcd, kube-apiserver, kube-controller-manager and kube-proxy (the reference
+# proxy for comparisons and migration tests) from the tools module
 # next to this script into a cache directory, and does nothing when they are
 # already there. Prints the directory on success.
 #
@@ -10,7 +11,7 @@ set -euo pipefail
 k8s_version=v1.36.3
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin_dir="${NFTPROXY_K8S_BIN:-$HOME/.cache/nftproxy/k8s-${k8s_version}}"
-bins=(etcd kube-apiserver kube-controller-manager)
+bins=(etcd kube-apiserver kube-controller-manager kube-proxy)
 
 have_all() {
 	local b
@@ -50,10 +51,11 @@ jobs="${NFTPROXY_BUILD_JOBS:-2}"
 
 start=$SECONDS
 cd "$here/tools"
-echo "building kube-apiserver, kube-controller-manager, etcd into $bin_dir (takes minutes when cold)" >&2
+echo "building kube-apiserver, kube-controller-manager, kube-proxy, etcd into $bin_dir (takes minutes when cold)" >&2
 go build -p "$jobs" -ldflags "$ldflags" -o "$stage/" \
 	k8s.io/kubernetes/cmd/kube-apiserver \
-	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-proxy
 # etcd's main package is its module root, which go build would name "v3".
 go build -p "$jobs" -ldflags "-s -w" -o "$stage/etcd" go.etcd.io/etcd/server/v3
 
