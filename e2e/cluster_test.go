@@ -85,6 +85,8 @@ func TestAPIServer(t *testing.T) {
 		{"NetworkProgrammingIgnoresResyncs", testClusterNetworkProgrammingIgnoresResyncs},
 		{"DriftRepair", testClusterDriftRepair},
 		{"ServiceCIDRs", testClusterServiceCIDRs},
+		// Last: it deletes and recreates the Node.
+		{"NodeDrainHealthz", testClusterNodeDrainHealthz},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -563,22 +565,38 @@ func (s *clusterScenario) get(url string) (int, []byte, error) {
 	return resp.StatusCode, body, err
 }
 
-// healthy checks /healthz: 200 and nodeHealthy in kube-proxy's JSON body.
+// healthy checks /healthz: 200, healthy and nodeEligible in kube-proxy's
+// JSON body.
 func (s *clusterScenario) healthy() error {
-	code, body, err := s.get("http://127.0.0.1:10256/healthz")
+	code, h, err := s.healthz("/healthz")
 	if err != nil {
 		return err
 	}
-	var h struct {
-		NodeHealthy bool `json:"nodeHealthy"`
-	}
-	if err := json.Unmarshal(body, &h); err != nil {
-		return fmt.Errorf("decode /healthz body %q: %w", body, err)
-	}
-	if code != http.StatusOK || !h.NodeHealthy {
-		return fmt.Errorf("/healthz: %d %s", code, body)
+	if code != http.StatusOK || !h.Healthy || h.NodeEligible == nil || !*h.NodeEligible {
+		return fmt.Errorf("/healthz: %d %+v", code, h)
 	}
 	return nil
+}
+
+// clusterHealth is kube-proxy's /healthz and /livez body.
+type clusterHealth struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible"`
+	Healthy      bool      `json:"healthy"`
+}
+
+// healthz fetches /healthz or /livez and decodes the body.
+func (s *clusterScenario) healthz(path string) (int, clusterHealth, error) {
+	var h clusterHealth
+	code, body, err := s.get("http://127.0.0.1:10256" + path)
+	if err != nil {
+		return 0, h, err
+	}
+	if err := json.Unmarshal(body, &h); err != nil {
+		return code, h, fmt.Errorf("decode %s body %q: %w", path, body, err)
+	}
+	return code, h, nil
 }
 
 func testClusterIPFollowsSlices(t *testing.T, env *clusterEnv) {
@@ -1274,5 +1292,127 @@ table ip6 nftproxy {
 	}
 	if got := strings.Count(clusterSortedBlocks(a), "chain "); got != 4 {
 		t.Errorf("%d chains after sorting, want 4:\n%s", got, clusterSortedBlocks(a))
+	}
+}
+
+// testClusterNodeDrainHealthz: /healthz fails, as kube-proxy's does
+// (KEP-3836), while the node's Node object carries the Cluster Autoscaler's
+// ToBeDeletedByClusterAutoscaler taint and once it has a deletionTimestamp
+// (held by a finalizer, as a node being drained is); /livez stays 200 and
+// the rules stay; the counters of answers by code follow.
+func testClusterNodeDrainHealthz(t *testing.T, env *clusterEnv) {
+	s := newClusterScenario(t, env, "e2e-drain")
+	vip := netip.MustParseAddrPort("10.96.26.10:80")
+	s.service("web", vip.Addr().String(), 0)
+	a0, n0 := s.pods(0)
+	s.slice("web", "web-a", a0...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n0) })
+	if err := s.healthy(); err != nil {
+		t.Fatal(err)
+	}
+	nodes := env.client.CoreV1().Nodes()
+	ineligible := func() error {
+		code, h, err := s.healthz("/healthz")
+		switch {
+		case err != nil:
+			return err
+		case code != http.StatusServiceUnavailable || h.NodeEligible == nil || *h.NodeEligible || !h.Healthy:
+			return fmt.Errorf("/healthz: %d %+v, want 503, nodeEligible false, healthy true", code, h)
+		}
+		if code, h, err := s.healthz("/livez"); err != nil || code != http.StatusOK || h.NodeEligible != nil {
+			return fmt.Errorf("/livez: %d %+v %v, want 200 without nodeEligible", code, h, err)
+		}
+		return s.answeredBy(vip, n0)
+	}
+
+	// The autoscaler's taint.
+	node, err := nodes.Get(s.ctx, clusterNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Spec.Taints = append(node.Spec.Taints, v1.Taint{Key: "ToBeDeletedByClusterAutoscaler", Value: "1764000000", Effect: v1.TaintEffectNoSchedule})
+	if node, err = nodes.Update(s.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took := s.eventually("taint drains", ineligible)
+	t.Logf("ToBeDeletedByClusterAutoscaler taint: /healthz 503 after %s", took.Round(time.Millisecond))
+	node.Spec.Taints = nil
+	if _, err = nodes.Update(s.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually("taint removed", s.healthy)
+
+	// A deletion held by a finalizer: the Node stays, with a deletionTimestamp.
+	const finalizer = "e2e.nftproxy.io/hold"
+	if _, err := nodes.Patch(s.ctx, clusterNode, types.MergePatchType,
+		[]byte(`{"metadata":{"finalizers":["`+finalizer+`"]}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restore := func(ctx context.Context) error {
+		if _, err := nodes.Patch(ctx, clusterNode, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		clusterEventually(ctx, t, "node gone", func() error {
+			if _, err := nodes.Get(ctx, clusterNode, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("node still there: %v", err)
+			}
+			return nil
+		})
+		fresh := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: clusterNode, Labels: node.Labels}}
+		created, err := nodes.Create(ctx, fresh, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		created.Status.Addresses = node.Status.Addresses
+		_, err = nodes.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		return err
+	}
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := restore(ctx); err != nil {
+				t.Errorf("restore node: %v", err)
+			}
+		}
+	})
+	if err := nodes.Delete(s.ctx, clusterNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took = s.eventually("deletion drains", ineligible)
+	t.Logf("Node deleted (held by a finalizer): /healthz 503 after %s", took.Round(time.Millisecond))
+
+	// Once the Node object is gone, kube-proxy has no node: still 503.
+	restored = true
+	if _, err := nodes.Patch(s.ctx, clusterNode, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually("node gone: still not eligible", ineligible)
+	restored = false
+	if err := restore(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	restored = true
+	s.eventually("node back", s.healthy)
+
+	families, err := s.metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, code string }{
+		{"kubeproxy_proxy_healthz_total", "200"}, {"kubeproxy_proxy_healthz_total", "503"}, {"kubeproxy_proxy_livez_total", "200"},
+	} {
+		var got float64
+		for _, m := range families[c.name].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "code" && l.GetValue() == c.code {
+					got = m.GetCounter().GetValue()
+				}
+			}
+		}
+		if got < 1 {
+			t.Errorf("%s{code=%q} = %v, want at least 1", c.name, c.code, got)
+		}
 	}
 }

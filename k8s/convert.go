@@ -475,7 +475,8 @@ func rank(e Endpoint) int {
 }
 
 // NodeFrom converts a Node: its InternalIP then ExternalIP addresses, in
-// status order and without duplicates; its zone label; a copy of its labels.
+// status order and without duplicates; its zone label; a copy of its labels;
+// its deletionTimestamp and taints, which decide whether it is drained.
 // A bad address is skipped with an error; a node without a name gives the
 // zero Node.
 func NodeFrom(node *v1.Node) (Node, []error) {
@@ -485,6 +486,12 @@ func NodeFrom(node *v1.Node) (Node, []error) {
 		return Node{}, p.errs
 	}
 	out := Node{Name: node.Name, Zone: node.Labels[v1.LabelTopologyZone], Labels: maps.Clone(node.Labels)}
+	if node.DeletionTimestamp != nil {
+		out.Deleting = node.DeletionTimestamp.Time
+	}
+	for _, t := range node.Spec.Taints {
+		out.Taints = append(out.Taints, Taint{Key: t.Key, Value: t.Value, Effect: string(t.Effect)})
+	}
 	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for i, na := range node.Status.Addresses {
 			if na.Type != t {

@@ -616,6 +616,28 @@ func TestNodeFrom(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpAddrs); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
+	if !got.Eligible() {
+		t.Error("a node neither deleted nor tainted is not eligible")
+	}
+
+	// What drains a node (KEP-3836): a deletionTimestamp, or the autoscaler's taint.
+	deleting := node.DeepCopy()
+	when := metav1.NewTime(time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC))
+	deleting.DeletionTimestamp = &when
+	if n, _ := NodeFrom(deleting); !n.Deleting.Equal(when.Time) || n.Eligible() {
+		t.Errorf("node with deletionTimestamp %s: Deleting %s, Eligible %v", when, n.Deleting, n.Eligible())
+	}
+	tainted := node.DeepCopy()
+	tainted.Spec.Taints = []v1.Taint{{Key: "node.kubernetes.io/unschedulable", Effect: v1.TaintEffectNoSchedule}}
+	if n, _ := NodeFrom(tainted); !n.Eligible() {
+		t.Error("a cordoned node is not eligible; only the autoscaler's taint drains")
+	}
+	tainted.Spec.Taints = append(tainted.Spec.Taints, v1.Taint{Key: TaintToBeDeleted, Value: "1764000000", Effect: v1.TaintEffectNoSchedule})
+	n, _ := NodeFrom(tainted)
+	wantTaints := []Taint{{Key: "node.kubernetes.io/unschedulable", Effect: "NoSchedule"}, {Key: TaintToBeDeleted, Value: "1764000000", Effect: "NoSchedule"}}
+	if diff := cmp.Diff(wantTaints, n.Taints); diff != "" || n.Eligible() {
+		t.Errorf("taints (-want +got):\n%s; Eligible %v", diff, n.Eligible())
+	}
 	checkErrs(t, errs, "node-a", []error{ErrInvalidIP}, []string{"status.addresses[4]"})
 	node.Labels["role"] = "changed"
 	if got.Labels["role"] != "x" {

@@ -90,6 +90,41 @@ type Node struct {
 	Addrs  []netip.Addr
 	Zone   string
 	Labels map[string]string
+	// Deleting is the Node object's deletionTimestamp; zero while it is not
+	// being deleted.
+	Deleting time.Time
+	// Taints are the Node object's taints, in its order.
+	Taints []Taint
+	// Fallback: there is no Node object; Name and Addrs come from the
+	// flags (TrackerOptions.FallbackNode).
+	Fallback bool
+}
+
+// Taint is one taint of a Node.
+type Taint struct {
+	Key, Value, Effect string
+}
+
+// TaintToBeDeleted is the taint the Cluster Autoscaler puts on a node it is
+// about to remove; kube-proxy's /healthz fails on it so that load balancers
+// drain the node first (KEP-3836).
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+// Eligible tells whether load balancers should send traffic to this node,
+// as kube-proxy's /healthz decides (KEP-3836): not while its Node object is
+// being deleted or carries TaintToBeDeleted. Without a Node object the node
+// is eligible: whether that is acceptable depends on the source (see
+// proxier.Health).
+func (n *Node) Eligible() bool {
+	if !n.Deleting.IsZero() {
+		return false
+	}
+	for _, t := range n.Taints {
+		if t.Key == TaintToBeDeleted {
+			return false
+		}
+	}
+	return true
 }
 
 // Snapshot is an immutable view of the desired state. Services are sorted by

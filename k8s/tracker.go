@@ -362,7 +362,9 @@ func (t *Tracker) setNode(b *batch, node *v1.Node) {
 // currentNode is the Node object's view, completed by the fallback.
 func (t *Tracker) currentNode() Node {
 	if t.node == nil || t.node.node.Name == "" {
-		return t.opts.FallbackNode
+		n := t.opts.FallbackNode
+		n.Fallback = true
+		return n
 	}
 	n := t.node.node
 	if len(n.Addrs) == 0 {

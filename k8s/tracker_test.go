@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"strings"
@@ -208,11 +209,22 @@ func TestInformersFollowChanges(t *testing.T) {
 		}
 		return ""
 	})
+	// The autoscaler's taint reaches the snapshot: /healthz drains on it.
+	n.Spec.Taints = []v1.Taint{{Key: TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}
+	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() string {
+		if got := tr.Snapshot().Node; got.Eligible() || got.Fallback {
+			return fmt.Sprintf("node %+v, want the tainted Node object", got)
+		}
+		return ""
+	})
 	if err := client.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, func() string {
-		if got := tr.Snapshot().Node; got.Zone != "" || got.Addrs[0] != netip.MustParseAddr("192.168.9.9") {
+		if got := tr.Snapshot().Node; got.Zone != "" || got.Addrs[0] != netip.MustParseAddr("192.168.9.9") || !got.Fallback {
 			return "node not back to the fallback"
 		}
 		return ""

@@ -88,6 +88,11 @@ func New(opts Options) *Proxier {
 	if opts.Health == nil {
 		opts.Health = NewHealth(2 * max(opts.SyncPeriod, time.Second))
 	}
+	var families []string
+	for _, c := range opts.Configs {
+		families = append(families, map[m.Family]string{m.IPv4: "IPv4", m.IPv6: "IPv6"}[c.Family])
+	}
+	opts.Health.SetFamilies(families...)
 	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}}
 }
 
@@ -181,6 +186,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	start := time.Now()
 	log := p.opts.Logger
 	mt := p.opts.Metrics
+	// Before anything can fail: a node being drained must fail /healthz
+	// even when its rules can't be applied.
+	p.opts.Health.SetNode(snap.Node)
 	// The generation before and after tells whether the sync's commits
 	// were the only ones; only then is the kernel known to hold our rules.
 	p.genKnown = false

@@ -38,9 +38,12 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	// Bind the servers first: a port in use is a start-up error, not a
 	// background one.
 	health := proxier.NewHealth(2 * max(o.syncPeriod, time.Second))
+	// kube-proxy reads its Node from the API server; without one /healthz fails.
+	health.RequireNode = o.manifests == ""
+	metrics.Registry.MustRegister(health.Collectors()...)
 	mux := http.NewServeMux()
-	mux.Handle("/healthz", health)
-	mux.Handle("/livez", health)
+	mux.Handle("/healthz", health.Healthz())
+	mux.Handle("/livez", health.Livez())
 	if err := serve(ctx, log, "healthz", o.healthzBindAddress, mux); err != nil {
 		return err
 	}
