@@ -43,3 +43,10 @@ bench: build
 
 clean:
 	rm -rf $(BIN)
+
+# A 3-node cluster in network namespaces (real kube-apiserver, one nftproxy per
+# node, a load balancer, deploy/examples applied); Ctrl-C removes it. Root.
+.PHONY: cluster
+cluster: build k8s-bins
+	$(GO) build -o $(BIN)/cluster ./cmd/cluster
+	$(BIN)/cluster --nftproxy $(BIN)/nftproxy --manifests deploy/examples

@@ -227,6 +227,9 @@ func (c *Cluster) NodeObject(n *netns.ClusterNode) *v1.Node {
 		Spec: v1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
 		Status: v1.NodeStatus{
 			Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.Addr.String()}, {Type: v1.NodeHostName, Address: n.Name}},
+			// No kubelet: kubectl shows Ready instead of Unknown.
+			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "NetnsNode",
+				Message: "a network namespace; no kubelet", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 		},
 	}
 }

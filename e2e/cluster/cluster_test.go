@@ -73,6 +73,12 @@ func TestCluster(t *testing.T) {
 	if _, err := os.Stat(apiserver.DefaultBinDir() + "/kube-apiserver"); err != nil {
 		t.Skipf("skipping: kube-apiserver not built (%v); build it with e2e/apiserver/build.sh or `make k8s-bins`", err)
 	}
+	// Namespaces of an earlier run that was killed (their names carry its pid).
+	if gone, err := netns.CleanupStale("npk"); err != nil {
+		t.Fatal(err)
+	} else if len(gone) > 0 {
+		t.Logf("removed %d namespaces of a killed run", len(gone))
+	}
 	start := time.Now()
 	// Two zones for three nodes: PreferSameZone and PreferSameNode differ.
 	c, err := Start(t.Context(), Options{Binary: binary, Zones: []string{"zone-a", "zone-a", "zone-b"}, Prefix: "npk"})
