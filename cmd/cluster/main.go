@@ -35,14 +35,15 @@ func main() {
 	pods := flag.Int("pods", 3, "pods per node (deploy/examples uses 10.244.1.10-12 on node-1)")
 	examples := flag.String("manifests", "deploy/examples", "directory of Services and EndpointSlices to apply")
 	dir := flag.String("dir", "", "where to write the kubeconfigs (default: a new directory under /tmp, removed at exit)")
+	deploy := flag.String("deploy", "deploy", "directory of the ServiceAccount and RBAC the daemons act as")
 	flag.Parse()
-	if err := run(*binary, *nodes, *pods, *examples, *dir); err != nil {
+	if err := run(*binary, *nodes, *pods, *examples, *dir, *deploy); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary string, nodes, pods int, examples, dir string) (err error) {
+func run(binary string, nodes, pods int, examples, dir, deploy string) (err error) {
 	if why := netns.Usable(); why != "" {
 		return errors.New(why)
 	}
@@ -63,7 +64,7 @@ func run(binary string, nodes, pods int, examples, dir string) (err error) {
 	logf := func(format string, args ...any) { fmt.Printf("== "+format+"\n", args...) }
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(startCtx, cluster.Options{Binary: binary, Nodes: nodes, PodsPerNode: pods, Prefix: prefix, Dir: dir, Logf: logf})
+	c, err := cluster.Start(startCtx, cluster.Options{Binary: binary, Nodes: nodes, PodsPerNode: pods, Prefix: prefix, Dir: dir, DeployDir: deploy, Logf: logf})
 	if err != nil {
 		return err
 	}

@@ -59,6 +59,9 @@ type Options struct {
 	Zones []string
 	// Prefix starts the namespace names; default "npk".
 	Prefix string
+	// DeployDir holds deploy/'s serviceaccount.yaml and rbac.yaml; empty
+	// means the repository's, found from this source file's path.
+	DeployDir string
 	// DaemonArgs are added to every daemon's flags.
 	DaemonArgs []string
 	// Dir receives the kubeconfigs; empty means a temporary directory that
@@ -136,8 +139,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.waitSystemNamespace(ctx); err != nil {
 		return c, err
 	}
+	deploy := opts.DeployDir
+	if deploy == "" {
+		deploy = filepath.Join(RepoRoot(), "deploy")
+	}
 	for _, f := range []string{"serviceaccount.yaml", "rbac.yaml"} {
-		if err := c.Apply(ctx, filepath.Join(RepoRoot(), "deploy", f)); err != nil {
+		if err := c.Apply(ctx, filepath.Join(deploy, f)); err != nil {
 			return c, err
 		}
 	}
