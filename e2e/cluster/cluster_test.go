@@ -644,17 +644,28 @@ func testRollingRestart(e *env) {
 	})
 
 	tr := &traffic{stop: make(chan struct{})}
-	for _, h := range []struct {
+	type flow struct {
 		what string
 		from *netns.NS
 		addr netip.AddrPort
-	}{{"ClusterIP", podClient.NS, vip}, {"NodePort", client, nodePortOf(e.node(2), np)}, {"load balancer", client, lb.Addr()}} {
+	}
+	// Long-lived: the ClusterIP from a pod of every node, a NodePort of
+	// every node, and the load balancer.
+	held := []flow{{"load balancer", client, lb.Addr()}}
+	for _, n := range e.c.Topo.Nodes {
+		held = append(held, flow{"ClusterIP from " + n.Pods[1].Name, n.Pods[1].NS, vip}, flow{"NodePort of " + n.Name, client, nodePortOf(n, np)})
+	}
+	for _, h := range held {
 		if err := tr.hold(e, h.what, h.from, h.addr); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tr.connect(e, "ClusterIP", podClient.NS, func(int) netip.AddrPort { return vip })
-	tr.connect(e, "NodePort", client, func(i int) netip.AddrPort { return nodePortOf(e.c.Topo.Nodes[i%3], np) })
+	// New connections: the ClusterIP from a pod of every node, every
+	// node's NodePort in turn, the load balancer.
+	for _, n := range e.c.Topo.Nodes {
+		tr.connect(e, "ClusterIP from "+n.Pods[0].Name, n.Pods[0].NS, func(int) netip.AddrPort { return vip })
+	}
+	tr.connect(e, "NodePort", client, func(i int) netip.AddrPort { return nodePortOf(e.c.Topo.Nodes[i%len(e.c.Topo.Nodes)], np) })
 	tr.connect(e, "load balancer", client, func(int) netip.AddrPort { return lb.Addr() })
 	for _, n := range e.c.Topo.Nodes {
 		start := time.Now()
@@ -666,7 +677,7 @@ func testRollingRestart(e *env) {
 	}
 	ok, failed, errs := tr.finish()
 	t.Logf("rolling restart of %d nodes: %d connections and echoes succeeded, %d failed; %s", len(e.c.Topo.Nodes), ok, failed, lb)
-	if failed != 0 || ok < 100 {
+	if failed != 0 || ok < 200 {
 		t.Errorf("%d failed (want none), %d succeeded; first failures:\n%s", failed, ok, strings.Join(errs, "\n"))
 	}
 }
