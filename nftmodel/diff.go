@@ -31,7 +31,7 @@ func diffSets(c *Changes, applied, desired *Ruleset) bool {
 			continue
 		}
 		delete(old, s.Name)
-		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout {
+		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout || !o.Typeof.Equal(s.Typeof) {
 			return false
 		}
 		del, add := diffElements(o, s)

@@ -13,6 +13,7 @@ import (
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -512,4 +513,76 @@ func TestStaleGenerationRefused(t *testing.T) {
 			t.Error("the refused batch created its table")
 		}
 	}
+}
+
+// TestTypeofUserDataMatchesNft checks the user data written for typeof sets
+// byte for byte against what nft itself stores for the same declarations:
+// the sets of both fixtures that have a typeof are created with `nft -f`,
+// and their user data is read back raw from the kernel.
+func TestTypeofUserDataMatchesNft(t *testing.T) {
+	for _, full := range []*Ruleset{fullRuleset(), full6Ruleset()} {
+		rs := &Ruleset{Family: full.Family, Table: full.Table}
+		for _, s := range full.Sets {
+			if s.Typeof != nil {
+				rs.Sets = append(rs.Sets, s)
+			}
+		}
+		t.Run(rs.Family.String(), func(t *testing.T) {
+			ns, _ := nftNS(t)
+			loadText(t, ns, Render(rs))
+			stored := rawSetUserData(t, ns, rs.Family, rs.Table)
+			for _, s := range rs.Sets {
+				want, err := typeofUserData(rs.Family, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := gocmp.Diff(stored[s.Name], want); d != "" {
+					t.Errorf("set %s: user data differs (-nft +ours):\n%s", s.Name, d)
+				}
+			}
+		})
+	}
+}
+
+// rawSetUserData dumps the table's sets over netlink and returns each set's
+// NFTA_SET_USERDATA as the kernel stores it.
+func rawSetUserData(t *testing.T, ns *netns.NS, f Family, table string) map[string][]byte {
+	t.Helper()
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.Fd()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_TABLE, table)
+	attrs, err := ae.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSET), Flags: netlink.Request | netlink.Dump},
+		Data:   append([]byte{byte(nfproto(f)), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, m := range msgs {
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var name string
+		var ud []byte
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_SET_NAME:
+				name = ad.String()
+			case unix.NFTA_SET_USERDATA:
+				ud = ad.Bytes()
+			}
+		}
+		out[name] = ud
+	}
+	return out
 }

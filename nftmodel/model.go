@@ -2,6 +2,7 @@ package nftmodel
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -157,10 +158,13 @@ type MarkOr struct{ Bits uint32 }
 type MarkXor struct{ Bits uint32 }
 
 // DNATMap rewrites the destination address and port to the value the named
-// map holds for the concatenation of Key.
+// map holds for the concatenation of Key, followed, when Numgen > 0, by a
+// random number below Numgen (numgen random mod Numgen): a map keyed that way
+// holds one element per endpoint slot.
 type DNATMap struct {
-	Key []Field
-	Map string
+	Key    []Field
+	Numgen uint32
+	Map    string
 }
 
 // DNAT rewrites the destination to Addr:Port for the protocol Proto.
@@ -222,6 +226,9 @@ const (
 	TypeInetProto
 	TypeInetService
 	TypeVerdict // only as the whole value of a verdict map
+	// TypeInteger is a 32-bit number in host byte order, numgen's output.
+	// nft can only declare it by expression: a set using it needs Typeof.
+	TypeInteger
 )
 
 // Set is a named set (Data empty) or map (Data set). A verdict map has
@@ -230,8 +237,29 @@ type Set struct {
 	Name     string
 	Key      []DataType
 	Data     []DataType
+	Typeof   *Typeof       // nil: declared by Key and Data (`type …`)
 	Timeout  time.Duration // default element timeout; 0 for none
 	Elements []Element
+}
+
+// Typeof declares a set's key and value by the expressions that produce them
+// (nft's `typeof`), as nft must for a key with a numgen part. The kernel
+// stores the expressions as the set's user data, where nft reads them back
+// to list the set; they must give the types Key and Data name.
+type Typeof struct {
+	Key []Field
+	// KeyNumgen > 0 ends the key with `numgen random mod KeyNumgen`; in a
+	// declaration the modulus only gives the part its type.
+	KeyNumgen uint32
+	Data      []Field
+}
+
+// Equal tells whether two declarations are the same (both may be nil).
+func (t *Typeof) Equal(o *Typeof) bool {
+	if t == nil || o == nil {
+		return t == o
+	}
+	return slices.Equal(t.Key, o.Key) && t.KeyNumgen == o.KeyNumgen && slices.Equal(t.Data, o.Data)
 }
 
 // IsVerdictMap tells whether the set maps keys to verdicts.

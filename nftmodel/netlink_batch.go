@@ -25,6 +25,9 @@ type batch struct {
 	steps  []step
 	sets   map[string]*nftables.Set // sets whose elements the batch may touch
 	types  map[string]*Set          // their types (Name, Key and Data only)
+	// userData is the user data of the sets declared with typeof, which
+	// the library can't write: send puts it into their messages.
+	userData map[string][]byte
 	// captured is what the library encoded on lib, in order.
 	captured []netlink.Message
 }
@@ -37,6 +40,9 @@ type step struct {
 	msgs     int
 	queue    func() error
 	elements *elementsStep
+	// userData, when set, replaces the user data of the step's one message,
+	// a set the library encoded.
+	userData []byte
 }
 
 // elementsStep is one message adding or deleting checked elements of a set.
@@ -49,11 +55,12 @@ type elementsStep struct {
 
 func newBatch(conn *Conn, f Family, table string) *batch {
 	b := &batch{
-		conn:   conn,
-		family: f,
-		table:  &nftables.Table{Name: table, Family: libFamily(f)},
-		sets:   map[string]*nftables.Set{},
-		types:  map[string]*Set{},
+		conn:     conn,
+		family:   f,
+		table:    &nftables.Table{Name: table, Family: libFamily(f)},
+		sets:     map[string]*nftables.Set{},
+		types:    map[string]*Set{},
+		userData: map[string][]byte{},
 	}
 	b.lib = &nftables.Conn{TestDial: func(req []netlink.Message) ([]netlink.Message, error) {
 		if len(req) >= 2 { // a batch: begin, the messages, end
@@ -92,6 +99,13 @@ func (b *batch) declare(s *Set) (*nftables.Set, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.Typeof != nil {
+		u, err := typeofUserData(b.family, s)
+		if err != nil {
+			return nil, fmt.Errorf("declare set %s: %w", s.Name, err)
+		}
+		b.userData[s.Name] = u
+	}
 	b.sets[s.Name] = ls
 	b.types[s.Name] = s
 	return ls, nil
@@ -108,6 +122,7 @@ func (b *batch) addSet(s *Set) error {
 
 func (b *batch) addDeclaredSet(ls *nftables.Set) {
 	b.plan(1, func() error { return b.lib.AddSet(ls, nil) }, "add set %s", ls.Name)
+	b.steps[len(b.steps)-1].userData = b.userData[ls.Name]
 	b.stats.Sets++
 }
 
@@ -285,6 +300,8 @@ func modelTypeList(magic uint32) ([]DataType, error) {
 			t = TypeInetProto
 		case nftables.TypeInetService.GetNFTMagic():
 			t = TypeInetService
+		case nftables.TypeInteger.GetNFTMagic():
+			t = TypeInteger
 		default:
 			return nil, fmt.Errorf("unsupported type %d", m)
 		}
@@ -370,6 +387,20 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 		// wrong message.
 		return Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(b.captured), libMsgs))
 	}
+	lib := b.captured
+	for _, s := range b.steps {
+		if s.queue == nil {
+			continue
+		}
+		if s.userData != nil {
+			data, err := withUserData(lib[0].Data, s.userData)
+			if err != nil {
+				return Stats{}, b.fail(verb, fmt.Errorf("encode %s: %w", s.what, err))
+			}
+			lib[0].Data = data
+		}
+		lib = lib[s.msgs:]
+	}
 
 	size := 2 * batchEdgeSize(genID)
 	for _, m := range b.captured {
@@ -383,7 +414,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	first := nextSeqs(len(what) + 2)
 	w := &wire{buf: make([]byte, 0, size), seq: first}
 	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
-	lib := b.captured
+	lib = b.captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
 			w.elements(b.family, b.table.Name, e)

@@ -94,6 +94,16 @@ func loadKey(f Family, fields []Field) []expr.Any {
 	return out
 }
 
+// keyWords is how many 32-bit words loadKey fills for fields.
+func keyWords(f Family, fields []Field) uint32 {
+	var n uint32
+	for _, fl := range fields {
+		_, size := loadField(f, fl, 0)
+		n += (size + 3) / 4
+	}
+	return n
+}
+
 func cmpReg(op expr.CmpOp, data []byte) *expr.Cmp {
 	return &expr.Cmp{Op: op, Register: 1, Data: data}
 }
@@ -257,6 +267,11 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true})
 		case DNATMap:
 			out = append(out, loadKey(f, e.Key)...)
+			if e.Numgen > 0 {
+				// The random slot is the key's last part, in the register
+				// after the fields, host-endian as the map's key stores it.
+				out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Type: unix.NFT_NG_RANDOM})
+			}
 			out = append(out,
 				&expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 1},
 				// The map's value is address . port: the port starts right

@@ -14,7 +14,12 @@ var (
 	vipType  = []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}
 	vip6Type = []DataType{TypeIPv6Addr, TypeInetProto, TypeInetService}
 	svcKey   = []Field{FieldDaddr, FieldL4Proto, FieldTHDport}
+	slotType = []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeInteger}
 )
+
+func slotKey(a string, p, port, slot uint32) []Value {
+	return []Value{A(ip(a)), N(p), N(port), N(slot)}
+}
 
 func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
@@ -69,6 +74,21 @@ func fullRuleset() *Ruleset {
 			{Name: "affinity", Key: []DataType{TypeIPv4Addr}, Timeout: 3 * time.Hour},
 			{Name: "affinity-ports", Key: []DataType{TypeIPv4Addr, TypeInetService}, Timeout: 10800 * time.Second},
 			{Name: "empty-map", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}},
+			{Name: "slots", Key: slotType, Data: []DataType{TypeIPv4Addr, TypeInetService},
+				Typeof: &Typeof{Key: svcKey, KeyNumgen: 65536, Data: []Field{FieldDaddr, FieldTHDport}}, Elements: []Element{
+					{Key: slotKey("10.96.0.10", 6, 80, 0), Data: []Value{A(ip("10.244.1.2")), N(8080)}, Comment: "default/web:http"},
+					{Key: slotKey("10.96.0.10", 6, 80, 1), Data: []Value{A(ip("10.244.1.3")), N(8080)}},
+					{Key: slotKey("10.96.0.10", 6, 80, 256), Data: []Value{A(ip("10.244.1.4")), N(8080)}},
+					{Key: slotKey("10.96.0.10", 6, 80, 300), Data: []Value{A(ip("10.244.1.5")), N(8080)}},
+					{Key: slotKey("10.96.0.9", 17, 53, 2), Data: []Value{A(ip("10.244.2.3")), N(53)}},
+				}},
+			{Name: "node-port-slots", Key: []DataType{TypeInetProto, TypeInetService, TypeInteger}, Data: []DataType{TypeIPv4Addr, TypeInetService},
+				Typeof: &Typeof{Key: []Field{FieldL4Proto, FieldTHDport}, KeyNumgen: 1, Data: []Field{FieldDaddr, FieldTHDport}}, Elements: []Element{
+					{Key: []Value{N(6), N(30080), N(0)}, Data: []Value{A(ip("10.244.1.2")), N(8080)}},
+				}},
+			{Name: "pairs", Key: []DataType{TypeIPv4Addr, TypeIPv4Addr}, Typeof: &Typeof{Key: []Field{FieldSaddr, FieldDaddr}}, Elements: []Element{
+				{Key: []Value{A(ip("10.244.1.2")), A(ip("10.244.1.2"))}},
+			}},
 		},
 		Chains: []*Chain{
 			nlBase("nat-prerouting", TypeNAT, HookPrerouting, -100, nlRule(nlJump("services"))),
@@ -121,6 +141,9 @@ func fullRuleset() *Ruleset {
 			{Name: "ep-web-3", Rules: []Rule{nlRule(DNAT{Proto: 132, Addr: ip("10.244.1.4"), Port: 1})}},
 			{Name: "ep-dns", Rules: []Rule{
 				nlRule(DNATMap{Key: svcKey, Map: "endpoints"}),
+				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.244.0.0/16")}, DNATMap{Key: svcKey, Numgen: 3, Map: "slots"}),
+				nlRule(DNATMap{Key: svcKey, Numgen: 1, Map: "slots"}),
+				nlRule(DNATMap{Key: []Field{FieldL4Proto, FieldTHDport}, Numgen: 5000, Map: "node-port-slots"}),
 				nlRule(DNAT{Proto: 17, Addr: ip("10.244.2.3"), Port: 53}),
 			}},
 			{Name: "reject-chain", Rules: []Rule{
@@ -151,6 +174,12 @@ func full6Ruleset() *Ruleset {
 			}},
 			{Name: "nodeport-ips", Key: []DataType{TypeIPv6Addr}, Elements: []Element{{Key: []Value{A(ip("2001:db8::1"))}}}},
 			{Name: "affinity", Key: []DataType{TypeIPv6Addr}, Timeout: 90 * time.Minute},
+			{Name: "slots", Key: []DataType{TypeIPv6Addr, TypeInetProto, TypeInetService, TypeInteger}, Data: []DataType{TypeIPv6Addr, TypeInetService},
+				Typeof: &Typeof{Key: svcKey, KeyNumgen: 65536, Data: []Field{FieldDaddr, FieldTHDport}}, Elements: []Element{
+					{Key: []Value{A(ip("fd00:96::10")), N(6), N(80), N(0)}, Data: []Value{A(ip("fd00:244::2")), N(8080)}},
+					{Key: []Value{A(ip("fd00:96::10")), N(6), N(80), N(1)}, Data: []Value{A(ip("fd00:244::3")), N(8080)}, Comment: "default/web:http"},
+				}},
+			{Name: "pairs", Key: []DataType{TypeIPv6Addr, TypeIPv6Addr}, Typeof: &Typeof{Key: []Field{FieldSaddr, FieldDaddr}}},
 		},
 		Chains: []*Chain{
 			nlBase("nat-prerouting", TypeNAT, HookPrerouting, -100, nlRule(VerdictMap{Key: svcKey, Map: "service-ips"})),
@@ -178,6 +207,7 @@ func full6Ruleset() *Ruleset {
 				nlRule(DNAT{Proto: 6, Addr: ip("fd00:244::2"), Port: 8080}),
 			}},
 			{Name: "ep-web-2", Rules: []Rule{nlRule(DNATMap{Key: svcKey, Map: "endpoints"})}},
+			{Name: "svc-slots", Rules: []Rule{nlRule(DNATMap{Key: svcKey, Numgen: 2, Map: "slots"})}},
 		},
 	}
 }

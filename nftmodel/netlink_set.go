@@ -3,6 +3,7 @@ package nftmodel
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -35,6 +36,8 @@ func libType(t DataType) (nftables.SetDatatype, error) {
 		return nftables.TypeInetService, nil
 	case TypeVerdict:
 		return nftables.TypeVerdict, nil
+	case TypeInteger:
+		return nftables.TypeInteger, nil
 	}
 	return nftables.SetDatatype{}, fmt.Errorf("unknown data type %d", t)
 }
@@ -66,6 +69,9 @@ func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
 	key, err := libTypes(s.Key)
 	if err != nil {
 		return nil, fmt.Errorf("declare set %s: %w", s.Name, err)
+	}
+	if s.Typeof == nil && (slices.Contains(s.Key, TypeInteger) || slices.Contains(s.Data, TypeInteger)) {
+		return nil, fmt.Errorf("declare set %s: an integer part needs a typeof declaration", s.Name)
 	}
 	ls := &nftables.Set{Table: t, Name: s.Name, KeyType: key}
 	if len(s.Key) == 1 {
@@ -117,6 +123,8 @@ func encodedLen(ts []DataType) int {
 			n++
 		case TypeInetService:
 			n += 2
+		case TypeInteger:
+			n += 4
 		}
 		if len(ts) > 1 {
 			n = (n + 3) &^ 3

@@ -2,6 +2,7 @@ package nftmodel
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -40,9 +41,17 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 		kind = "map"
 	}
 	fmt.Fprintf(b, "\t%s %s {\n", kind, s.Name)
-	fmt.Fprintf(b, "\t\ttype %s", typeNames(s.Key))
-	if len(s.Data) > 0 {
-		fmt.Fprintf(b, " : %s", typeNames(s.Data))
+	switch {
+	case s.Typeof != nil:
+		fmt.Fprintf(b, "\t\ttypeof %s", keyExprs(f, s.Typeof.Key, s.Typeof.KeyNumgen))
+		if len(s.Typeof.Data) > 0 {
+			fmt.Fprintf(b, " : %s", fieldsName(f, s.Typeof.Data))
+		}
+	default:
+		fmt.Fprintf(b, "\t\ttype %s", typeNames(s.Key))
+		if len(s.Data) > 0 {
+			fmt.Fprintf(b, " : %s", typeNames(s.Data))
+		}
 	}
 	b.WriteString("\n")
 	if s.Timeout > 0 {
@@ -119,7 +128,7 @@ func renderValue(t DataType, v Value) string {
 func typeNames(ts []DataType) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
-		parts[i] = [...]string{"ipv4_addr", "ipv6_addr", "inet_proto", "inet_service", "verdict"}[t]
+		parts[i] = [...]string{"ipv4_addr", "ipv6_addr", "inet_proto", "inet_service", "verdict", "integer"}[t]
 	}
 	return strings.Join(parts, " . ")
 }
@@ -206,6 +215,8 @@ func appendValues(b []byte, types []DataType, vals []Value) []byte {
 			b = append(b, byte(vals[i].Num))
 		case TypeInetService:
 			b = append(b, byte(vals[i].Num>>8), byte(vals[i].Num))
+		case TypeInteger:
+			b = binary.NativeEndian.AppendUint32(b, vals[i].Num)
 		}
 		if len(types) > 1 {
 			for (len(b)-start)%4 != 0 {
@@ -317,7 +328,7 @@ func renderExpr(f Family, e Expr) string {
 	case MarkXor:
 		return fmt.Sprintf("meta mark set meta mark ^ 0x%08x", e.Bits)
 	case DNATMap:
-		return fmt.Sprintf("dnat %s to %s map @%s", f, fieldsName(f, e.Key), e.Map)
+		return fmt.Sprintf("dnat %s to %s map @%s", f, keyExprs(f, e.Key, e.Numgen), e.Map)
 	case DNAT:
 		return fmt.Sprintf("meta l4proto %s dnat to %s", protoName(e.Proto), netip.AddrPortFrom(e.Addr, e.Port))
 	case Masquerade:
@@ -368,6 +379,18 @@ func fieldsName(f Family, fs []Field) string {
 	parts := make([]string, len(fs))
 	for i, fl := range fs {
 		parts[i] = fieldName(f, fl)
+	}
+	return strings.Join(parts, " . ")
+}
+
+// keyExprs prints a key of fields, ending in numgen when numgen > 0.
+func keyExprs(f Family, fs []Field, numgen uint32) string {
+	parts := make([]string, 0, len(fs)+1)
+	for _, fl := range fs {
+		parts = append(parts, fieldName(f, fl))
+	}
+	if numgen > 0 {
+		parts = append(parts, fmt.Sprintf("numgen random mod %d", numgen))
 	}
 	return strings.Join(parts, " . ")
 }

@@ -161,6 +161,8 @@ type walk struct {
 	dnat         netip.AddrPort // valid once DNATed
 	masq         bool
 	choices      []int
+	slot         uint32 // the numgen value of the rule about to run
+	slotChosen   bool
 	stage        stage
 	base         int // index among the stage's base chains of the one running
 	stack        []frame
@@ -273,12 +275,26 @@ func (t *tracer) run(w *walk) {
 			continue
 		}
 		r := top.chain.Rules[top.next]
+		if n := ruleNumgen(r); n > 0 && !w.slotChosen {
+			// The rule looks a random slot up: each value is a branch that
+			// evaluates the rule with it.
+			text := top.chain.Name + ": " + RenderRule(t.rs.Family, r)
+			for i := range int(n) {
+				t.step(w, fmt.Sprintf("%s -> %s numgen %d", text, choiceLabel(append(slices.Clone(w.choices), i)), i))
+				b := w.clone()
+				b.choices = append(b.choices, i)
+				b.slot, b.slotChosen = uint32(i), true
+				t.run(b)
+			}
+			return
+		}
 		top.next++
 		if t.budget--; t.budget < 0 {
 			panic(fmt.Sprintf("nftmodel: trace: more than %d rules evaluated: a chain loop through %s", maxRuleEvaluations, top.chain.Name))
 		}
 		chain := top.chain
 		a := t.eval(w, r)
+		w.slotChosen = false
 		if a.kind == actNoMatch {
 			continue
 		}
@@ -484,7 +500,11 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			w.mark ^= e.Bits
 			notes = append(notes, fmt.Sprintf("mark 0x%08x", w.mark))
 		case DNATMap:
-			el, ok := t.lookup(w, e.Map, e.Key)
+			want := w.fields(e.Key)
+			if e.Numgen > 0 {
+				want = append(want, N(w.slot))
+			}
+			el, ok := t.lookupValues(e.Map, want)
 			if !ok {
 				return action{kind: actNoMatch}
 			}
@@ -565,13 +585,34 @@ func (w *walk) field(f Field) Value {
 // lookup finds the element of the named set whose key is the concatenation
 // of the packet's fields.
 func (t *tracer) lookup(w *walk, name string, key []Field) (Element, bool) {
-	s := t.set(name)
-	if len(key) != len(s.Key) {
-		panic(fmt.Sprintf("nftmodel: trace: key of %d fields for %q, whose key has %d parts", len(key), name, len(s.Key)))
+	return t.lookupValues(name, w.fields(key))
+}
+
+// fields is the packet's current values of fs.
+func (w *walk) fields(fs []Field) []Value {
+	out := make([]Value, len(fs), len(fs)+1)
+	for i, f := range fs {
+		out[i] = w.field(f)
 	}
-	want := make([]Value, len(key))
-	for i, f := range key {
-		want[i] = w.field(f)
+	return out
+}
+
+// ruleNumgen is the modulus of the numgen a rule's map lookup draws, 0 for
+// none.
+func ruleNumgen(r Rule) uint32 {
+	for _, e := range r.Exprs {
+		if d, ok := e.(DNATMap); ok && d.Numgen > 0 {
+			return d.Numgen
+		}
+	}
+	return 0
+}
+
+// lookupValues finds the element of the named set whose key is want.
+func (t *tracer) lookupValues(name string, want []Value) (Element, bool) {
+	s := t.set(name)
+	if len(want) != len(s.Key) {
+		panic(fmt.Sprintf("nftmodel: trace: key of %d parts for %q, whose key has %d parts", len(want), name, len(s.Key)))
 	}
 	for _, el := range s.Elements {
 		if slices.EqualFunc(el.Key, want, func(a, b Value) bool { return a.Addr.Unmap() == b.Addr && a.Num == b.Num }) {

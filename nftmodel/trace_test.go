@@ -216,6 +216,28 @@ func TestTraceSteps(t *testing.T) {
 			},
 		},
 		{
+			name: "a numgen map lookup forks over the slots; a slot without an element is no match",
+			rs: withSets(tableOf(
+				pre(rule(DNATMap{Key: []Field{FieldDaddr, FieldL4Proto, FieldTHDport}, Numgen: 2, Map: "slots"}), rule(drop)),
+			),
+				&Set{Name: "slots", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeInteger},
+					Data: []DataType{TypeIPv4Addr, TypeInetService}, Elements: []Element{
+						{Key: []Value{A(netip.MustParseAddr("10.96.0.10")), N(6), N(80), N(0)},
+							Data: []Value{A(netip.MustParseAddr("10.244.1.10")), N(8080)}}}},
+			),
+			p: tcpPacket("10.96.0.10:80"),
+			want: []string{
+				"hook prerouting: pre (type nat, priority -100)",
+				"pre: dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @slots -> [0] numgen 0",
+				"[0] pre: dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @slots -> dnat to 10.244.1.10:8080",
+				"[0] route: 10.244.1.10 is not local: forward",
+				"[0] verdict: accept, DNAT to 10.244.1.10:8080",
+				"pre: dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @slots -> [1] numgen 1",
+				"[1] pre: drop",
+				"[1] verdict: drop",
+			},
+		},
+		{
 			name: "a family the table does not handle is not seen",
 			rs:   tableOf(pre(rule(drop))),
 			p: Packet{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"),

@@ -40,7 +40,13 @@ var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
 var (
 	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
 	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
+	targetKey   = []m.Field{m.FieldDaddr, m.FieldTHDport} // what a DNAT target is
 )
+
+// typeofSlotModulus is the modulus the endpoint maps' typeof declarations
+// name: there it only gives the slot its type (a 32-bit integer), so it
+// reads as "any slot".
+const typeofSlotModulus = 65536
 
 // Compile builds the ruleset of one family from a snapshot. It is pure and
 // deterministic: the same input gives the same ruleset, sorted.
@@ -60,7 +66,7 @@ type piece struct {
 	elements   []keyedElement // of the shared sets and maps
 	hairpin    []netip.Addr   // endpoints that may reach themselves
 	clusterIPs []netip.Addr
-	uses       []sharedObj // shared chains and slot maps it needs
+	uses       []sharedObj // shared chains it needs
 	sets       []*m.Set    // its own (affinity sets)
 	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
 }
@@ -72,11 +78,11 @@ type keyedElement struct {
 	el  m.Element
 }
 
-// sharedObj names the chains and maps service ports share: the dispatch
-// chains of one endpoint count per kind of traffic, and the slots.
+// sharedObj names a chain service ports share: the dispatch chain of one
+// endpoint count for one kind of traffic.
 type sharedObj struct {
 	kind sharedKind
-	n    int // endpoint count of a dispatch chain, index of a slot
+	n    int // endpoint count
 }
 
 // sharedKind orders the shared objects as the ruleset lists them.
@@ -86,8 +92,6 @@ const (
 	clusterDispatch sharedKind = iota
 	externalDispatch
 	nodePortDispatch
-	endpointSlot
-	nodePortSlot
 )
 
 func compareShared(a, b sharedObj) int {
@@ -110,7 +114,7 @@ type compiler struct {
 	serviceIPs, serviceNodePorts       *m.Set
 	noEndpointIPs, noEndpointNodePorts *m.Set
 	hairpin, firewallIPs, clusterIPs   *m.Set
-	slots, nodePortSlots               []*m.Set // by index, made on demand
+	endpoints, nodePortEndpoints       *m.Set
 
 	// Verdicts are immutable: elements going to the same chain share one.
 	gotos map[string]*m.Verdict
@@ -152,6 +156,10 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 	c.hairpin = &m.Set{Name: setHairpin, Key: []m.DataType{addrT, addrT}}
 	c.firewallIPs = &m.Set{Name: mapFirewallIPs, Key: c.vipT, Data: verdict}
 	c.clusterIPs = &m.Set{Name: setClusterIPs, Key: []m.DataType{addrT}}
+	c.endpoints = &m.Set{Name: mapEndpoints, Key: append(slices.Clone(c.vipT), m.TypeInteger), Data: c.targetT,
+		Typeof: &m.Typeof{Key: vipKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
+	c.nodePortEndpoints = &m.Set{Name: mapNodePortEndpoints, Key: append(slices.Clone(c.npT), m.TypeInteger), Data: c.targetT,
+		Typeof: &m.Typeof{Key: nodePortKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
 	return c
 }
 
@@ -171,19 +179,7 @@ func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
 // order the ruleset lists them.
 func (c *compiler) fixedSets() []*m.Set {
 	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
-		c.hairpin, c.firewallIPs, c.clusterIPs}
-}
-
-// slotSet returns the declaration of slot i's DNAT map.
-func (c *compiler) slotSet(kind sharedKind, i int) *m.Set {
-	list, name, key := &c.slots, endpointSlotMap, c.vipT
-	if kind == nodePortSlot {
-		list, name, key = &c.nodePortSlots, nodePortSlotMap, c.npT
-	}
-	for len(*list) <= i {
-		*list = append(*list, &m.Set{Name: name(len(*list)), Key: key, Data: c.targetT})
-	}
-	return (*list)[i]
+		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints}
 }
 
 // piece compiles one service port.
@@ -204,7 +200,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		keys++
 	}
 	p.elements = make([]keyedElement, 0, keys*(len(sp.Endpoints)+1))
-	p.uses = make([]sharedObj, 0, keys*(len(sp.Endpoints)+1))
+	p.uses = make([]sharedObj, 0, keys)
 	for _, eps := range [][]k8s.Endpoint{choice.cluster, choice.local} {
 		for _, e := range eps {
 			if !slices.Contains(p.hairpin, e.Addr) {
@@ -216,7 +212,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	port := m.N(uint32(sp.Port))
 	comment := sp.Name.String()
 	// Affinity and eTP=Local need chains of their own; everything else
-	// shares the dispatch chains and slot maps.
+	// shares the dispatch chains and the endpoint maps.
 	var own *serviceChains
 	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
 		own = c.serviceChains(p, sp, choice)
@@ -232,17 +228,20 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: c.gotoVerdict(chain)}})
 	}
 	// shared dispatches through the chain of kind for len(eps) endpoints
-	// and fills the slots of that many endpoints.
-	shared := func(set *m.Set, key []m.Value, kind, slot sharedKind, eps []k8s.Endpoint) {
+	// and puts endpoint i into slot i of the map targets.
+	shared := func(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, eps []k8s.Endpoint) {
 		obj := sharedObj{kind, len(eps)}
 		dispatch(set, key, c.sharedChainName(obj))
 		p.uses = append(p.uses, obj)
-		data := make([]m.Value, 0, 2*len(eps)) // one allocation for every slot's target
+		// One allocation for every slot's key and one for every target.
+		k := len(key) + 1
+		keys := make([]m.Value, 0, k*len(eps))
+		data := make([]m.Value, 0, 2*len(eps))
 		for i, e := range eps {
-			p.uses = append(p.uses, sharedObj{slot, i})
+			keys = append(append(keys, key...), m.N(uint32(i)))
 			data = append(data, m.A(e.Addr), m.N(uint32(e.Port)))
-			p.elements = append(p.elements, keyedElement{c.slotSet(slot, i),
-				m.Element{Key: key, Data: data[2*i : 2*i+2 : 2*i+2]}})
+			p.elements = append(p.elements, keyedElement{targets,
+				m.Element{Key: keys[k*i : k*(i+1) : k*(i+1)], Data: data[2*i : 2*i+2 : 2*i+2]}})
 		}
 	}
 
@@ -262,19 +261,19 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		case sp.AffinityTimeout > 0:
 			dispatch(c.serviceIPs, key, own.internal)
 		default:
-			shared(c.serviceIPs, key, clusterDispatch, endpointSlot, internal)
+			shared(c.serviceIPs, key, clusterDispatch, c.endpoints, internal)
 		}
 	}
 	// External traffic: eTP=Local keeps it on this node (own chains);
 	// otherwise it shares the chains that masquerade everything.
-	external := func(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind, slot sharedKind) {
+	external := func(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind sharedKind, targets *m.Set) {
 		switch {
 		case len(choice.cluster) == 0:
 			noEndpoints(noEndpointSet, key, false)
 		case own != nil:
 			dispatch(dispatchSet, key, own.external)
 		default:
-			shared(dispatchSet, key, kind, slot, choice.cluster)
+			shared(dispatchSet, key, kind, targets, choice.cluster)
 		}
 	}
 	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
@@ -282,7 +281,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 			continue
 		}
 		key := []m.Value{m.A(ip), proto, port}
-		external(key, c.serviceIPs, c.noEndpointIPs, externalDispatch, endpointSlot)
+		external(key, c.serviceIPs, c.noEndpointIPs, externalDispatch, c.endpoints)
 		// Like kube-proxy, only ranges of the compiled family filter: a
 		// family without any leaves its load balancer addresses open.
 		if slices.ContainsFunc(sp.LoadBalancerSourceRanges, c.cfg.inFamily) && slices.Contains(sp.LoadBalancerIPs, ip) {
@@ -293,7 +292,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		return p
 	}
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
-	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, nodePortSlot)
+	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, c.nodePortEndpoints)
 	return p
 }
 
@@ -360,11 +359,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	}
 	for _, s := range c.fixedSets() {
 		rs.Sets = append(rs.Sets, withElements(s))
-	}
-	for _, o := range objs {
-		if s := c.sharedSet(o); s != nil {
-			rs.Sets = append(rs.Sets, withElements(s))
-		}
 	}
 	rs.Sets = append(rs.Sets, ownSets...)
 	rs.Chains = append(c.baseChains(), c.fixedChains()...)
@@ -481,55 +475,28 @@ func (c *compiler) sharedChainName(o sharedObj) string {
 		return clusterIPChain(o.n)
 	case externalDispatch:
 		return externalChain(o.n)
-	case nodePortDispatch:
-		return nodePortChain(o.n)
-	case endpointSlot:
-		return endpointSlotChain(o.n)
 	}
-	return nodePortSlotChain(o.n)
+	return nodePortChain(o.n)
 }
 
-// sharedChain builds a shared object's chain: a dispatch chain marks for
-// masquerade as its kind of traffic needs, then picks one of n slots; a
-// slot chain DNATs through its slot's map.
+// sharedChain builds a dispatch chain: it marks for masquerade as its kind
+// of traffic needs, then DNATs to the endpoint in a random one of n slots.
 func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 	ch := &m.Chain{Name: c.sharedChainName(o)}
-	pick := func(slot sharedKind) m.Rule {
-		if o.n == 1 {
-			return m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Goto, Chain: c.sharedChainName(sharedObj{slot, 0})}}}
-		}
-		targets := make([]string, o.n)
-		for i := range targets {
-			targets[i] = c.sharedChainName(sharedObj{slot, i})
-		}
-		return m.Rule{Exprs: []m.Expr{m.NumgenGoto{Chains: targets}}}
-	}
+	n := uint32(o.n)
 	markAll := jump(chainMarkForMasquerade)
 	switch o.kind {
 	case clusterDispatch:
 		if r, ok := c.clusterMasquerade(); ok {
 			ch.Rules = append(ch.Rules, r)
 		}
-		ch.Rules = append(ch.Rules, pick(endpointSlot))
+		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}})
 	case externalDispatch:
-		ch.Rules = []m.Rule{markAll, pick(endpointSlot)}
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}}}
 	case nodePortDispatch:
-		ch.Rules = []m.Rule{markAll, pick(nodePortSlot)}
-	case endpointSlot:
-		ch.Rules = []m.Rule{{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Map: endpointSlotMap(o.n)}}}}
-	case nodePortSlot:
-		ch.Rules = []m.Rule{{Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Map: nodePortSlotMap(o.n)}}}}
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: mapNodePortEndpoints}}}}
 	}
 	return ch
-}
-
-// sharedSet is the declaration of a shared object's map: slots have one,
-// dispatch chains none.
-func (c *compiler) sharedSet(o sharedObj) *m.Set {
-	if o.kind == endpointSlot || o.kind == nodePortSlot {
-		return c.slotSet(o.kind, o.n)
-	}
-	return nil
 }
 
 // clusterMasquerade is the rule that marks ClusterIP traffic for masquerade:

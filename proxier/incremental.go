@@ -218,19 +218,12 @@ func (d *delta) changes() m.Changes {
 				ch := s.c.sharedChain(o)
 				c.AddChains = append(c.AddChains, ch)
 				c.RewriteChains = append(c.RewriteChains, ch)
-				if set := s.c.sharedSet(o); set != nil {
-					c.AddSets = append(c.AddSets, set)
-				}
 			}
 			continue
 		}
 		delete(s.shared, o)
 		if before {
 			c.DelChains = append(c.DelChains, s.c.sharedChainName(o))
-			if set := s.c.sharedSet(o); set != nil {
-				c.DelSets = append(c.DelSets, set.Name)
-				delete(d.del, set) // the set goes with its elements
-			}
 		}
 	}
 	addrs := func(set *m.Set, before, now map[netip.Addr]int, element func(netip.Addr) m.Element) {

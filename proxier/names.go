@@ -3,7 +3,7 @@ package proxier
 import "fmt"
 
 // Names of everything nftproxy creates. Fixed names are constants; the names
-// that depend on an endpoint count or slot are built by the functions below.
+// that depend on an endpoint count are built by the functions below.
 const (
 	TableName = "nftproxy"
 
@@ -33,6 +33,10 @@ const (
 	setHairpin             = "hairpin"
 	mapFirewallIPs         = "firewall-ips"
 	setClusterIPs          = "cluster-ips"
+	// The endpoints of every service port, keyed by the service port and a
+	// slot number: the DNAT targets.
+	mapEndpoints         = "endpoints"
+	mapNodePortEndpoints = "node-port-endpoints"
 
 	// Marks, as kube-proxy uses them.
 	markMasquerade = 0x4000
@@ -40,14 +44,8 @@ const (
 )
 
 // Service ports with the same number of endpoints share one chain per kind
-// of traffic: it marks for masquerade as that kind needs, then picks a slot.
+// of traffic: it marks for masquerade as that kind needs, then DNATs to a
+// random slot's endpoint.
 func clusterIPChain(n int) string { return fmt.Sprintf("cluster-ip-%d", n) }
 func externalChain(n int) string  { return fmt.Sprintf("external-%d", n) }
 func nodePortChain(n int) string  { return fmt.Sprintf("node-port-%d", n) }
-
-// Slot i of every service lives in one data map; one chain per slot DNATs
-// through it. An endpoint change then only changes map data, never verdicts.
-func endpointSlotChain(i int) string { return fmt.Sprintf("endpoint-%d", i) }
-func endpointSlotMap(i int) string   { return fmt.Sprintf("endpoint-%d", i) }
-func nodePortSlotChain(i int) string { return fmt.Sprintf("node-port-endpoint-%d", i) }
-func nodePortSlotMap(i int) string   { return fmt.Sprintf("node-port-endpoint-%d", i) }
