@@ -49,9 +49,17 @@ var (
 const typeofSlotModulus = 65536
 
 // Compile builds the ruleset of one family from a snapshot. It is pure and
-// deterministic: the same input gives the same ruleset, sorted.
+// deterministic: the same input gives the same ruleset, sorted, every
+// service port's endpoints in slots in their sorted order.
 func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
+	return compileWithSlots(snap, cfg, nil)
+}
+
+// compileWithSlots is Compile with the endpoints placed in slots after a
+// previous assignment (see nextSlots); nil gives Compile's ruleset.
+func compileWithSlots(snap *k8s.Snapshot, cfg Config, prev Slots) *m.Ruleset {
 	c := newCompiler(cfg, snap)
+	c.slots = prev
 	pieces := make([]*piece, len(snap.Services))
 	for i := range snap.Services {
 		pieces[i] = c.piece(&snap.Services[i])
@@ -67,6 +75,7 @@ type piece struct {
 	hairpin    []netip.Addr   // endpoints that may reach themselves
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
+	slotOrders []slotOrder // the order of each endpoint list in the slots
 	sets       []*m.Set    // its own (affinity sets)
 	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
 }
@@ -115,6 +124,8 @@ type compiler struct {
 	noEndpointIPs, noEndpointNodePorts *m.Set
 	hairpin, firewallIPs, clusterIPs   *m.Set
 	endpoints, nodePortEndpoints       *m.Set
+	// slots is the assignment the pieces' slot orders follow.
+	slots Slots
 
 	// Verdicts are immutable: elements going to the same chain share one.
 	gotos map[string]*m.Verdict
@@ -229,7 +240,8 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	}
 	// shared dispatches through the chain of kind for len(eps) endpoints
 	// and puts endpoint i into slot i of the map targets.
-	shared := func(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, eps []k8s.Endpoint) {
+	shared := func(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
+		eps = c.slotsOf(p, slotsKey{sp.Name, local}, eps)
 		obj := sharedObj{kind, len(eps)}
 		dispatch(set, key, c.sharedChainName(obj))
 		p.uses = append(p.uses, obj)
@@ -261,7 +273,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		case sp.AffinityTimeout > 0:
 			dispatch(c.serviceIPs, key, own.internal)
 		default:
-			shared(c.serviceIPs, key, clusterDispatch, c.endpoints, internal)
+			shared(c.serviceIPs, key, clusterDispatch, c.endpoints, sp.InternalPolicyLocal, internal)
 		}
 	}
 	// External traffic: eTP=Local keeps it on this node (own chains);
@@ -273,7 +285,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		case own != nil:
 			dispatch(dispatchSet, key, own.external)
 		default:
-			shared(dispatchSet, key, kind, targets, choice.cluster)
+			shared(dispatchSet, key, kind, targets, false, choice.cluster)
 		}
 	}
 	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {

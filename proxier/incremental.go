@@ -24,23 +24,58 @@ type incremental struct {
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
 	elementCount        int // set elements of the ruleset
+	// slots is the slot assignment applied: the compiler reads it, and an
+	// update moves it along.
+	slots Slots
 }
 
-// newIncremental compiles snap in full; the ruleset it returns is Compile's.
-func newIncremental(snap *k8s.Snapshot, cfg Config) (*incremental, *m.Ruleset) {
+// newIncremental compiles snap in full, the endpoints in slots after the
+// assignment prev (nil: Compile's ruleset; a full resync passes the last
+// state's, so that it moves no endpoint).
+func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *m.Ruleset) {
 	s := &incremental{
 		c:          newCompiler(cfg, snap),
 		shared:     map[sharedObj]int{},
 		hairpin:    map[netip.Addr]int{},
 		clusterIPs: map[netip.Addr]int{},
+		slots:      Slots{},
 	}
+	s.c.slots = prev
 	pieces := make([]*piece, len(snap.Services))
 	for i := range snap.Services {
 		p := s.c.piece(&snap.Services[i])
 		pieces[i] = p
 		s.count(p, 1)
+		s.noteSlots(nil, p)
 	}
+	s.c.slots = s.slots
 	return s, s.c.assemble(pieces)
+}
+
+// noteSlots replaces the slot orders of old (nil: none) with new's; a
+// sorted order is kept as no entry.
+func (s *incremental) noteSlots(old, new *piece) {
+	if old != nil {
+		for _, o := range old.slotOrders {
+			delete(s.slots, o.key)
+		}
+	}
+	for _, o := range new.slotOrders {
+		if !o.sorted {
+			s.slots[o.key] = o.addrs()
+		}
+	}
+}
+
+// spellSlots writes p's sorted orders into the assignment, so that the next
+// version of its service port starts from them rather than from its own
+// sorted order.
+func (s *incremental) spellSlots(p *piece) {
+	for _, o := range p.slotOrders {
+		if o.sorted {
+			s.slots[o.key] = o.addrs()
+		}
+	}
 }
 
 // count adds a piece's references (delta 1) or removes them (delta -1).
@@ -97,6 +132,7 @@ func (s *incremental) update(snap *k8s.Snapshot, ports []portChange) (m.Changes,
 		var before, after *piece
 		if pc.old != nil {
 			before = s.c.piece(pc.old)
+			s.spellSlots(before)
 		}
 		if pc.new != nil {
 			after = s.c.piece(pc.new)
@@ -104,6 +140,10 @@ func (s *incremental) update(snap *k8s.Snapshot, ports []portChange) (m.Changes,
 		if !d.replace(before, after) {
 			return m.Changes{}, false
 		}
+		if after == nil {
+			after = &piece{}
+		}
+		s.noteSlots(before, after)
 	}
 	return d.changes(), true
 }
@@ -139,17 +179,28 @@ func (d *delta) replace(old, new *piece) bool {
 	d.s.count(new, 1)
 
 	// Elements: a key that stays with the same element is left alone; one
-	// whose value changes is deleted and added again, as Diff does.
-	for _, o := range old.elements {
-		i := slices.IndexFunc(new.elements, func(n keyedElement) bool { return n.set == o.set && slices.Equal(n.el.Key, o.el.Key) })
-		if i < 0 || !elementEqual(o.el, new.elements[i].el) {
-			d.del[o.set] = append(d.del[o.set], o.el)
-		}
+	// whose value changes is deleted and added again, as Diff does. (A wide
+	// service has thousands: matched through a map, not pair by pair.)
+	oldAt := make(map[elementKey]int, len(old.elements))
+	for i, o := range old.elements {
+		oldAt[keyOf(o)] = i
 	}
 	for _, n := range new.elements {
-		i := slices.IndexFunc(old.elements, func(o keyedElement) bool { return o.set == n.set && slices.Equal(o.el.Key, n.el.Key) })
-		if i < 0 || !elementEqual(old.elements[i].el, n.el) {
-			d.add[n.set] = append(d.add[n.set], n.el)
+		k := keyOf(n)
+		i, ok := oldAt[k]
+		if ok && elementEqual(old.elements[i].el, n.el) {
+			oldAt[k] = -1 // stays
+			continue
+		}
+		if ok {
+			d.del[n.set] = append(d.del[n.set], old.elements[i].el)
+			oldAt[k] = -1
+		}
+		d.add[n.set] = append(d.add[n.set], n.el)
+	}
+	for _, o := range old.elements {
+		if oldAt[keyOf(o)] >= 0 {
+			d.del[o.set] = append(d.del[o.set], o.el)
 		}
 	}
 
@@ -253,6 +304,16 @@ func setElements(bySet map[*m.Set][]m.Element) []m.SetElements {
 	}
 	slices.SortFunc(out, func(a, b m.SetElements) int { return cmp.Compare(a.Set, b.Set) })
 	return out
+}
+
+// elementKey identifies an element of a shared set.
+type elementKey struct {
+	set *m.Set
+	key string
+}
+
+func keyOf(ke keyedElement) elementKey {
+	return elementKey{ke.set, string(m.KeyBytes(ke.set.Key, ke.el.Key))}
 }
 
 func elementEqual(a, b m.Element) bool {

@@ -120,12 +120,12 @@ func TestIncrementalMatchesCompile(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/seed=%d", cfg.Family, seed), func(t *testing.T) {
 				g := newRandomSnapshots(seed)
 				snap := g.next()
-				state, applied := newIncremental(snap, cfg)
+				state, applied := newIncremental(snap, cfg, nil)
 				for step := range 60 {
 					prev := snap
 					snap = g.next()
 					changes, ok := updateFrom(t, state, prev, snap)
-					want := Compile(snap, cfg)
+					want := compileWithSlots(snap, cfg, state.slots)
 					if !ok {
 						// Only an affinity timeout change can't be made
 						// incrementally, and the generator makes none.
@@ -150,7 +150,7 @@ func TestIncrementalNoChange(t *testing.T) {
 	for range 5 {
 		snap = g.next()
 	}
-	state, _ := newIncremental(snap, incrementalConfigs[0])
+	state, _ := newIncremental(snap, incrementalConfigs[0], nil)
 	// A snapshot built anew (no shared endpoint arrays) changes nothing.
 	again := &k8s.Snapshot{Node: snap.Node}
 	for _, sp := range snap.Services {
@@ -172,7 +172,7 @@ func TestIncrementalRefusesContextChange(t *testing.T) {
 		"service CIDRs": func(s *k8s.Snapshot) { s.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")} },
 	} {
 		snap := newRandomSnapshots(3).next()
-		state, _ := newIncremental(snap, incrementalConfigs[0])
+		state, _ := newIncremental(snap, incrementalConfigs[0], nil)
 		changed := *snap
 		change(&changed)
 		if _, ok := updateFrom(t, state, snap, &changed); ok {
@@ -248,7 +248,7 @@ func TestIncrementalThroughNetlink(t *testing.T) {
 	for _, cfg := range incrementalConfigs {
 		g := newRandomSnapshots(11)
 		snap := g.next()
-		state, rs := newIncremental(snap, cfg)
+		state, rs := newIncremental(snap, cfg, nil)
 		if _, err := m.Apply(conn, rs); err != nil {
 			t.Fatalf("apply: %v", err)
 		}
@@ -267,7 +267,7 @@ func TestIncrementalThroughNetlink(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if diff := gocmp.Diff(sortedBlocks(m.Render(Compile(snap, cfg))), sortedBlocks(got)); diff != "" {
+		if diff := gocmp.Diff(sortedBlocks(m.Render(compileWithSlots(snap, cfg, state.slots))), sortedBlocks(got)); diff != "" {
 			t.Errorf("%s: listed table differs from Compile (-compiled +listed):\n%s", cfg.Family, diff)
 		}
 	}

@@ -251,6 +251,12 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 // can't be made incrementally. It returns the state the kernel is in on
 // success.
 func (p *Proxier) apply(snap *k8s.Snapshot, ports []portChange, cfg Config, full bool) (*incremental, m.Stats, string, error) {
+	// A full sync keeps the endpoints in their slots when it knows them:
+	// whatever the kernel holds, it is then rewritten to match.
+	var slots Slots
+	if state := p.applied[cfg.Family]; state != nil {
+		slots = state.slots
+	}
 	if state := p.applied[cfg.Family]; !full && state != nil {
 		// update spoils the state when it fails; the kernel still has the
 		// old ruleset then, and a full sync follows.
@@ -263,7 +269,7 @@ func (p *Proxier) apply(snap *k8s.Snapshot, ports []portChange, cfg Config, full
 			return state, stats, "delta", err
 		}
 	}
-	state, desired := newIncremental(snap, cfg)
+	state, desired := newIncremental(snap, cfg, slots)
 	stats, err := p.opts.Kernel.Apply(desired)
 	return state, stats, "full", err
 }

@@ -1,0 +1,101 @@
+package proxier
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/k8s"
+)
+
+// Slots is a slot assignment: which endpoint of a service port sits in which
+// slot of the endpoint maps (`… . numgen random mod N`). It is history, not a
+// function of the snapshot: when an endpoint is replaced, the new one takes
+// the freed slot so that the kernel changes one element, not every slot
+// after it. A service port whose endpoints sit in their sorted order (the
+// snapshot's) has no entry; Compile uses that order for every port.
+type Slots map[slotsKey][]netip.AddrPort
+
+// slotsKey names one list of endpoints a service port dispatches to: the
+// cluster-wide list, or the local one (ClusterIP traffic with
+// internalTrafficPolicy Local).
+type slotsKey struct {
+	port  k8s.ServicePortName
+	local bool
+}
+
+// slotOrder is the order a piece put one endpoint list in.
+type slotOrder struct {
+	key    slotsKey
+	order  []k8s.Endpoint
+	sorted bool // order is the snapshot's own
+}
+
+// addrs is the order as Slots keeps it.
+func (o slotOrder) addrs() []netip.AddrPort {
+	out := make([]netip.AddrPort, len(o.order))
+	for i, e := range o.order {
+		out[i] = addrPort(e)
+	}
+	return out
+}
+
+func addrPort(e k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// nextSlots orders eps (sorted) into slots given the previous order prev:
+// an endpoint that stays keeps its slot when that slot still exists; the
+// freed slots below len(eps) are filled first by the endpoints that sat in
+// slots beyond len(eps) (a shrink moves the last one into the hole), then by
+// the new endpoints in their sorted order (a replacement takes the freed
+// slot; a growth appends). With no previous order the result is eps.
+func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
+	if len(prev) == 0 {
+		return eps
+	}
+	index := make(map[netip.AddrPort]int, len(eps))
+	for i, e := range eps {
+		index[addrPort(e)] = i
+	}
+	out := make([]k8s.Endpoint, len(eps))
+	placed := make([]bool, len(eps)) // by index in eps
+	filled := make([]bool, len(eps)) // by slot
+	var movers []int                 // indexes in eps waiting for a slot
+	for slot, a := range prev {
+		i, ok := index[a]
+		if !ok || placed[i] {
+			continue
+		}
+		placed[i] = true
+		if slot < len(eps) {
+			out[slot], filled[slot] = eps[i], true
+		} else {
+			movers = append(movers, i)
+		}
+	}
+	for i := range eps {
+		if !placed[i] {
+			movers = append(movers, i)
+		}
+	}
+	for slot := range out {
+		if !filled[slot] {
+			out[slot] = eps[movers[0]]
+			movers = movers[1:]
+		}
+	}
+	return out
+}
+
+// inSortedOrder tells whether an order is eps's own.
+func inSortedOrder(order, eps []k8s.Endpoint) bool {
+	return slices.EqualFunc(order, eps, func(a, b k8s.Endpoint) bool { return addrPort(a) == addrPort(b) })
+}
+
+// slotsOf puts eps, the endpoint list key of a service port, in slot order
+// after the compiler's previous assignment, and notes the order in p.
+func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) []k8s.Endpoint {
+	order := nextSlots(c.slots[key], eps)
+	if !slices.ContainsFunc(p.slotOrders, func(o slotOrder) bool { return o.key == key }) {
+		p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: inSortedOrder(order, eps)})
+	}
+	return order
+}

@@ -1,0 +1,141 @@
+package proxier
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	gocmp "github.com/google/go-cmp/cmp"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// eps makes endpoints 10.244.0.<n>:8080, in the order given.
+func eps(ns ...int) []k8s.Endpoint {
+	out := make([]k8s.Endpoint, len(ns))
+	for i, n := range ns {
+		out[i] = k8s.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(n >> 8), byte(n)}), Port: 8080, Ready: true, Serving: true}
+	}
+	return out
+}
+
+func slotAddrs(es []k8s.Endpoint) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(es))
+	for i, e := range es {
+		out[i] = addrPort(e)
+	}
+	return out
+}
+
+func TestNextSlots(t *testing.T) {
+	tests := []struct {
+		name      string
+		prev, eps []k8s.Endpoint // eps sorted, as snapshots hold them
+		want      []k8s.Endpoint
+	}{
+		{"no history: sorted", nil, eps(1, 2, 3), eps(1, 2, 3)},
+		{"same endpoints keep their slots", eps(3, 1, 2), eps(1, 2, 3), eps(3, 1, 2)},
+		{"a replacement takes the freed slot", eps(1, 2, 3), eps(1, 3, 4), eps(1, 4, 3)},
+		{"a shrink moves the last slot into the hole", eps(1, 2, 3, 4), eps(1, 3, 4), eps(1, 4, 3)},
+		{"the last one leaving moves nothing", eps(1, 2, 3, 4), eps(1, 2, 3), eps(1, 2, 3)},
+		{"a growth appends", eps(3, 1, 2), eps(1, 2, 3, 4), eps(3, 1, 2, 4)},
+		{"movers before new endpoints", eps(1, 2, 3, 4, 5), eps(0, 3, 5), eps(5, 0, 3)},
+		{"everything new: sorted", eps(1, 2), eps(3, 4, 5), eps(3, 4, 5)},
+		{"to none", eps(1, 2), nil, []k8s.Endpoint{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := nextSlots(slotAddrs(tt.prev), tt.eps)
+			if d := gocmp.Diff(fmt.Sprint(slotAddrs(tt.want)), fmt.Sprint(slotAddrs(got))); d != "" {
+				t.Errorf("nextSlots (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// wideService is one ClusterIP and NodePort service port with endpoints ns.
+func wideService(ns []int) *k8s.Snapshot {
+	sp := k8s.ServicePort{
+		Name:       k8s.ServicePortName{Namespace: "default", Name: "wide", Port: "http", Protocol: k8s.TCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Port:       80,
+		NodePort:   30080,
+		Endpoints:  eps(ns...),
+	}
+	slices.SortFunc(sp.Endpoints, func(a, b k8s.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	return &k8s.Snapshot{Services: []k8s.ServicePort{sp}}
+}
+
+func seq(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// TestWideServiceChangeIsSmall: on a service port with 5,000 endpoints, a
+// replaced endpoint costs one element per map it is in (ClusterIP and
+// NodePort), a removed one its hole and the last slot, an added one a slot
+// and the dispatch elements moving to the next chain; and the changed
+// ruleset is compileWithSlots' for the state's assignment.
+func TestWideServiceChangeIsSmall(t *testing.T) {
+	const n = 5000
+	cfg := incrementalConfigs[0]
+	tests := []struct {
+		name string
+		next []int
+		// elements added and deleted, over every set
+		adds, dels int
+		chains     bool // dispatch chains change
+	}{
+		// ClusterIP and NodePort slot, hairpin; dispatch elements, slots
+		{"replace one", slices.Concat(seq(1, 2500), seq(2501, n+1), []int{n + 1}), 2 + 1, 2 + 1, false},
+		{"remove one", slices.Concat(seq(1, 2500), seq(2501, n+1)), 2 + 2, 1 + 2 + 2*2, true},
+		{"add one", seq(1, n+2), 2 + 1 + 2, 2, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prev := wideService(seq(1, n+1))
+			state, applied := newIncremental(prev, cfg, nil)
+			next := wideService(tt.next)
+			changes, ok := updateFrom(t, state, prev, next)
+			if !ok {
+				t.Fatal("update refused")
+			}
+			count := func(ses []m.SetElements) int {
+				k := 0
+				for _, se := range ses {
+					k += len(se.Elements)
+				}
+				return k
+			}
+			if got := count(changes.AddElements); got != tt.adds {
+				t.Fatalf("added %d elements, want %d", got, tt.adds)
+			}
+			if got := count(changes.DelElements); got != tt.dels {
+				t.Fatalf("deleted %d elements, want %d", got, tt.dels)
+			}
+			if got := len(changes.AddChains)+len(changes.DelChains) > 0; got != tt.chains {
+				t.Errorf("chains added %d, deleted %d; want changes: %v", len(changes.AddChains), len(changes.DelChains), tt.chains)
+			}
+			if len(changes.AddSets)+len(changes.DelSets) > 0 {
+				t.Errorf("sets added or deleted: %+v", changes)
+			}
+			got := applyToModel(t, applied, &changes)
+			if d := gocmp.Diff(normalRender(compileWithSlots(next, cfg, state.slots)), normalRender(got)); d != "" {
+				t.Errorf("changed ruleset differs from compileWithSlots (-want +got):\n%s", d)
+			}
+			// A full resync with the state's assignment moves nothing.
+			again, rs := newIncremental(next, cfg, state.slots)
+			if d := gocmp.Diff(normalRender(got), normalRender(rs)); d != "" {
+				t.Errorf("full resync moved endpoints (-delta +full):\n%s", d)
+			}
+			if fmt.Sprint(again.slots) != fmt.Sprint(state.slots) {
+				t.Error("full resync changed the slot assignment")
+			}
+		})
+	}
+}
