@@ -212,13 +212,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	}
 	p.elements = make([]keyedElement, 0, keys*(len(sp.Endpoints)+1))
 	p.uses = make([]sharedObj, 0, keys)
-	for _, eps := range [][]k8s.Endpoint{choice.cluster, choice.local} {
-		for _, e := range eps {
-			if !slices.Contains(p.hairpin, e.Addr) {
-				p.hairpin = append(p.hairpin, e.Addr)
-			}
-		}
-	}
+	p.hairpin = hairpinAddrs(choice)
 	proto := m.N(uint32(sp.Name.Protocol.Number()))
 	port := m.N(uint32(sp.Port))
 	comment := sp.Name.String()
@@ -306,6 +300,29 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
 	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, c.nodePortEndpoints)
 	return p
+}
+
+// hairpinAddrs lists the addresses of the endpoints a service port may
+// send to, each once: a few are compared in place, a wide service's through
+// a map.
+func hairpinAddrs(choice endpointChoice) []netip.Addr {
+	out := make([]netip.Addr, 0, len(choice.cluster))
+	var seen map[netip.Addr]bool
+	if len(choice.cluster)+len(choice.local) > 16 {
+		seen = make(map[netip.Addr]bool, len(choice.cluster))
+	}
+	for _, eps := range [][]k8s.Endpoint{choice.cluster, choice.local} {
+		for _, e := range eps {
+			switch {
+			case seen != nil && seen[e.Addr], seen == nil && slices.Contains(out, e.Addr):
+				continue
+			case seen != nil:
+				seen[e.Addr] = true
+			}
+			out = append(out, e.Addr)
+		}
+	}
+	return out
 }
 
 // hasFamilyAddress tells whether the service has a ClusterIP of the compiled

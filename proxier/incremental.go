@@ -306,14 +306,18 @@ func setElements(bySet map[*m.Set][]m.Element) []m.SetElements {
 	return out
 }
 
-// elementKey identifies an element of a shared set.
+// elementKey identifies an element of a shared set: its set and key
+// values (keys have at most four parts), without an allocation.
 type elementKey struct {
-	set *m.Set
-	key string
+	set   *m.Set
+	n     int
+	parts [4]m.Value
 }
 
 func keyOf(ke keyedElement) elementKey {
-	return elementKey{ke.set, string(m.KeyBytes(ke.set.Key, ke.el.Key))}
+	k := elementKey{set: ke.set, n: len(ke.el.Key)}
+	copy(k.parts[:], ke.el.Key)
+	return k
 }
 
 func elementEqual(a, b m.Element) bool {
