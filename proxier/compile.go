@@ -71,13 +71,43 @@ func compileWithSlots(snap *k8s.Snapshot, cfg Config, prev Slots) *m.Ruleset {
 // assembles the pieces of every service port; the incremental compiler swaps
 // the piece of a changed one.
 type piece struct {
-	elements   []keyedElement // of the shared sets and maps
+	elements   []keyedElement // of the shared sets and maps, but the endpoint maps
+	runs       []slotRun      // the endpoint maps' elements
 	hairpin    []netip.Addr   // endpoints that may reach themselves
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
 	slotOrders []slotOrder // the order of each endpoint list in the slots
 	sets       []*m.Set    // its own (affinity sets)
 	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
+}
+
+// slotRun stands for the elements of one service port key in an endpoint
+// map, key . i : eps[i] for every slot i. Kept unexpanded, two versions of a
+// wide service compare slot by slot without building thousands of elements.
+type slotRun struct {
+	set *m.Set
+	key []m.Value
+	eps []k8s.Endpoint // in slot order
+}
+
+// element is slot i's element; keys and data are taken from the fronts of
+// the buffers given, which must have room.
+func (r slotRun) element(i int, keys, data []m.Value) m.Element {
+	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(uint32(i)))
+	d := append(data[:0:2], m.A(r.eps[i].Addr), m.N(uint32(r.eps[i].Port)))
+	return m.Element{Key: k, Data: d}
+}
+
+// appendElements appends every slot's element, with one allocation for the
+// keys and one for the targets.
+func (r slotRun) appendElements(dst []m.Element) []m.Element {
+	k := len(r.key) + 1
+	keys := make([]m.Value, k*len(r.eps))
+	data := make([]m.Value, 2*len(r.eps))
+	for i := range r.eps {
+		dst = append(dst, r.element(i, keys[k*i:], data[2*i:]))
+	}
+	return dst
 }
 
 // keyedElement is an element of a set shared by all services; set is the
@@ -210,7 +240,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 	if sp.NodePort != 0 {
 		keys++
 	}
-	p.elements = make([]keyedElement, 0, keys*(len(sp.Endpoints)+1))
+	p.elements = make([]keyedElement, 0, keys)
 	p.uses = make([]sharedObj, 0, keys)
 	p.hairpin = hairpinAddrs(choice)
 	proto := m.N(uint32(sp.Name.Protocol.Number()))
@@ -239,16 +269,7 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 		obj := sharedObj{kind, len(eps)}
 		dispatch(set, key, c.sharedChainName(obj))
 		p.uses = append(p.uses, obj)
-		// One allocation for every slot's key and one for every target.
-		k := len(key) + 1
-		keys := make([]m.Value, 0, k*len(eps))
-		data := make([]m.Value, 0, 2*len(eps))
-		for i, e := range eps {
-			keys = append(append(keys, key...), m.N(uint32(i)))
-			data = append(data, m.A(e.Addr), m.N(uint32(e.Port)))
-			p.elements = append(p.elements, keyedElement{targets,
-				m.Element{Key: keys[k*i : k*(i+1) : k*(i+1)], Data: data[2*i : 2*i+2 : 2*i+2]}})
-		}
+		p.runs = append(p.runs, slotRun{set: targets, key: key, eps: eps})
 	}
 
 	for _, ip := range sp.ClusterIPs {
@@ -342,6 +363,9 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, ke := range p.elements {
 			counts[ke.set]++
 		}
+		for _, r := range p.runs {
+			counts[r.set] += len(r.eps)
+		}
 		nHairpin += len(p.hairpin)
 		nClusterIPs += len(p.clusterIPs)
 	}
@@ -356,6 +380,9 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for _, p := range pieces {
 		for _, ke := range p.elements {
 			elements[ke.set] = append(elements[ke.set], ke.el)
+		}
+		for _, r := range p.runs {
+			elements[r.set] = r.appendElements(elements[r.set])
 		}
 		for _, a := range p.hairpin {
 			hairpin[a] = true

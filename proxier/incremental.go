@@ -102,6 +102,9 @@ func (s *incremental) count(p *piece, delta int) {
 	addrs(s.hairpin, p.hairpin)
 	addrs(s.clusterIPs, p.clusterIPs)
 	s.elementCount += delta * len(p.elements)
+	for _, r := range p.runs {
+		s.elementCount += delta * len(r.eps)
+	}
 }
 
 // elements is the number of set elements of the ruleset.
@@ -203,6 +206,7 @@ func (d *delta) replace(old, new *piece) bool {
 			d.del[o.set] = append(d.del[o.set], o.el)
 		}
 	}
+	d.replaceRuns(old.runs, new.runs)
 
 	// Own sets: affinity sets hold the clients the kernel learnt, so one
 	// that stays is never touched.
@@ -238,6 +242,45 @@ func (d *delta) replace(old, new *piece) bool {
 		}
 	}
 	return true
+}
+
+// replaceRuns adds the changes from old's endpoint map elements to new's:
+// runs of the same key compare slot by slot, so an endpoint replaced in a
+// wide service costs its slot, not a compiled element per endpoint.
+func (d *delta) replaceRuns(old, new []slotRun) {
+	runKey := func(r slotRun) elementKey { return keyOf(keyedElement{r.set, m.Element{Key: r.key}}) }
+	oldAt := make(map[elementKey]int, len(old))
+	for i, o := range old {
+		oldAt[runKey(o)] = i
+	}
+	all := func(r slotRun, to map[*m.Set][]m.Element) {
+		to[r.set] = r.appendElements(to[r.set])
+	}
+	for _, n := range new {
+		i, ok := oldAt[runKey(n)]
+		if !ok {
+			all(n, d.add)
+			continue
+		}
+		delete(oldAt, runKey(n))
+		o := old[i]
+		for slot := range max(len(o.eps), len(n.eps)) {
+			switch {
+			case slot >= len(n.eps):
+				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
+			case slot >= len(o.eps):
+				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
+			case addrPort(o.eps[slot]) != addrPort(n.eps[slot]):
+				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
+				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
+			}
+		}
+	}
+	for _, o := range old {
+		if _, gone := oldAt[runKey(o)]; gone {
+			all(o, d.del)
+		}
+	}
 }
 
 // remember notes the reference counts before the update of what p refers to.
