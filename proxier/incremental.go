@@ -176,10 +176,14 @@ func (d *delta) replace(old, new *piece) bool {
 	if new == nil {
 		new = &piece{}
 	}
-	d.remember(old)
-	d.remember(new)
-	d.s.count(old, -1)
-	d.s.count(new, 1)
+	// The endpoint addresses both versions have change no reference count:
+	// only the others are counted (a wide service keeps thousands).
+	oldRefs, newRefs := *old, *new
+	oldRefs.hairpin, newRefs.hairpin = symmetricDifference(old.hairpin, new.hairpin)
+	d.remember(&oldRefs)
+	d.remember(&newRefs)
+	d.s.count(&oldRefs, -1)
+	d.s.count(&newRefs, 1)
 
 	// Elements: a key that stays with the same element is left alone; one
 	// whose value changes is deleted and added again, as Diff does. (A wide
@@ -242,6 +246,31 @@ func (d *delta) replace(old, new *piece) bool {
 		}
 	}
 	return true
+}
+
+// symmetricDifference returns what of a is not in b and what of b is not
+// in a (both lists hold each address once).
+func symmetricDifference(a, b []netip.Addr) (onlyA, onlyB []netip.Addr) {
+	if len(a) == 0 || len(b) == 0 {
+		return a, b
+	}
+	inA := make(map[netip.Addr]bool, len(a))
+	for _, x := range a {
+		inA[x] = true
+	}
+	for _, x := range b {
+		if inA[x] {
+			delete(inA, x)
+		} else {
+			onlyB = append(onlyB, x)
+		}
+	}
+	for _, x := range a {
+		if inA[x] {
+			onlyA = append(onlyA, x)
+		}
+	}
+	return onlyA, onlyB
 }
 
 // replaceRuns adds the changes from old's endpoint map elements to new's:
@@ -321,11 +350,17 @@ func (d *delta) changes() m.Changes {
 		}
 	}
 	addrs := func(set *m.Set, before, now map[netip.Addr]int, element func(netip.Addr) m.Element) {
-		for _, a := range slices.SortedFunc(maps.Keys(before), netip.Addr.Compare) {
-			switch was, is := before[a] > 0, now[a] > 0; {
-			case is && !was:
+		var changed []netip.Addr
+		for a, n := range before {
+			if (n > 0) != (now[a] > 0) {
+				changed = append(changed, a)
+			}
+		}
+		slices.SortFunc(changed, netip.Addr.Compare)
+		for _, a := range changed {
+			if now[a] > 0 {
 				d.add[set] = append(d.add[set], element(a))
-			case was && !is:
+			} else {
 				d.del[set] = append(d.del[set], element(a))
 			}
 		}
