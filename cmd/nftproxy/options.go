@@ -35,6 +35,7 @@ type options struct {
 	conntrack          bool
 	profiling          bool
 	verbosity          int
+	cleanupKubeProxy   bool // run: replace kube-proxy's rules; cleanup: remove only kube-proxy's
 
 	// explain
 	src, dst, proto string
@@ -64,14 +65,16 @@ func (o *options) register(fs *flag.FlagSet) {
 // kubeProxyConfiguration holds the fields of a KubeProxyConfiguration that
 // nftproxy honours.
 type kubeProxyConfiguration struct {
-	Kind               string   `json:"kind"`
-	ClusterCIDR        string   `json:"clusterCIDR"`
-	HostnameOverride   string   `json:"hostnameOverride"`
-	HealthzBindAddress string   `json:"healthzBindAddress"`
-	MetricsBindAddress string   `json:"metricsBindAddress"`
-	EnableProfiling    *bool    `json:"enableProfiling"`
-	NodePortAddresses  []string `json:"nodePortAddresses"`
-	ClientConnection   struct {
+	Kind               string `json:"kind"`
+	ClusterCIDR        string `json:"clusterCIDR"`
+	HostnameOverride   string `json:"hostnameOverride"`
+	HealthzBindAddress string `json:"healthzBindAddress"`
+	MetricsBindAddress string `json:"metricsBindAddress"`
+	EnableProfiling    *bool  `json:"enableProfiling"`
+	// nftproxy's own: --cleanup-kube-proxy.
+	CleanupKubeProxy  *bool    `json:"cleanupKubeProxy"`
+	NodePortAddresses []string `json:"nodePortAddresses"`
+	ClientConnection  struct {
 		Kubeconfig string `json:"kubeconfig"`
 	} `json:"clientConnection"`
 	NFTables struct {
@@ -113,6 +116,9 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	setString("kubeconfig", &o.kubeconfig, c.ClientConnection.Kubeconfig)
 	if c.EnableProfiling != nil && !set["profiling"] {
 		o.profiling = *c.EnableProfiling
+	}
+	if c.CleanupKubeProxy != nil && !set["cleanup-kube-proxy"] {
+		o.cleanupKubeProxy = *c.CleanupKubeProxy
 	}
 	if c.NFTables.MasqueradeAll != nil && !set["masquerade-all"] {
 		o.masqueradeAll = *c.NFTables.MasqueradeAll
