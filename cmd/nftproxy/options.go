@@ -65,16 +65,14 @@ func (o *options) register(fs *flag.FlagSet) {
 // kubeProxyConfiguration holds the fields of a KubeProxyConfiguration that
 // nftproxy honours.
 type kubeProxyConfiguration struct {
-	Kind               string `json:"kind"`
-	ClusterCIDR        string `json:"clusterCIDR"`
-	HostnameOverride   string `json:"hostnameOverride"`
-	HealthzBindAddress string `json:"healthzBindAddress"`
-	MetricsBindAddress string `json:"metricsBindAddress"`
-	EnableProfiling    *bool  `json:"enableProfiling"`
-	// nftproxy's own: --cleanup-kube-proxy.
-	CleanupKubeProxy  *bool    `json:"cleanupKubeProxy"`
-	NodePortAddresses []string `json:"nodePortAddresses"`
-	ClientConnection  struct {
+	Kind               string   `json:"kind"`
+	ClusterCIDR        string   `json:"clusterCIDR"`
+	HostnameOverride   string   `json:"hostnameOverride"`
+	HealthzBindAddress string   `json:"healthzBindAddress"`
+	MetricsBindAddress string   `json:"metricsBindAddress"`
+	EnableProfiling    *bool    `json:"enableProfiling"`
+	NodePortAddresses  []string `json:"nodePortAddresses"`
+	ClientConnection   struct {
 		Kubeconfig string `json:"kubeconfig"`
 	} `json:"clientConnection"`
 	NFTables struct {
@@ -82,6 +80,8 @@ type kubeProxyConfiguration struct {
 		MinSyncPeriod *string `json:"minSyncPeriod"`
 		SyncPeriod    *string `json:"syncPeriod"`
 	} `json:"nftables"`
+	// nftproxy's own: --cleanup-kube-proxy.
+	CleanupKubeProxy *bool `json:"cleanupKubeProxy"`
 }
 
 // applyConfigFile fills the options the command line did not set from the
