@@ -20,6 +20,9 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
+// version and commit are set by the image build (make image: -ldflags -X).
+var version, commit = "dev", "unknown"
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "nftproxy:", err)
@@ -67,7 +70,11 @@ func run(args []string) error {
 	defer stop()
 	switch cmd {
 	case "run":
+		logger.Info("Starting nftproxy", zap.String("version", version), zap.String("commit", commit))
 		return runDaemon(ctx, &o, logger)
+	case "version":
+		fmt.Println(version, commit)
+		return nil
 	case "dump":
 		return dump(os.Stdout, &o, logger)
 	case "explain":
@@ -78,7 +85,7 @@ func run(args []string) error {
 		}
 		return cleanup()
 	}
-	return fmt.Errorf("unknown command %q (want run, dump, explain or cleanup)", cmd)
+	return fmt.Errorf("unknown command %q (want run, dump, explain, cleanup or version)", cmd)
 }
 
 // newLogger logs structured lines to stderr; -v 2 enables debug, -v 4 also
