@@ -18,6 +18,7 @@ demo: build
 
 # Everything: lint, unit tests, kernel tests (as root) and the API-server tests.
 test: lint k8s-bins
+	@command -v promtool >/dev/null && command -v buildah >/dev/null || { apt-get update && apt-get install -y --no-install-recommends prometheus buildah; }
 	$(GO) test -count=1 -timeout 40m ./...
 
 # Only what needs neither root nor a built API server.
