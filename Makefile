@@ -4,7 +4,7 @@ BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.7.0
 
-.PHONY: all build demo test unit lint staticcheck k8s-bins bench clean
+.PHONY: all build demo test unit lint staticcheck k8s-bins bench image clean
 
 all: build
 
@@ -18,6 +18,7 @@ demo: build
 
 # Everything: lint, unit tests, kernel tests (as root) and the API-server tests.
 test: lint k8s-bins
+	@command -v promtool >/dev/null && command -v buildah >/dev/null || { apt-get update && apt-get install -y --no-install-recommends prometheus buildah; }
 	$(GO) test -count=1 -timeout 40m ./...
 
 # Only what needs neither root nor a built API server.
@@ -40,6 +41,20 @@ k8s-bins:
 bench: build
 	@command -v iptables-legacy-restore >/dev/null && command -v iptables-nft-restore >/dev/null || apt-get install -y iptables
 	$(GO) run ./cmd/bench $(if $(QUICK),--quick,)
+
+# An OCI archive of the image (Containerfile) in bin/nftproxy-image.tar, built
+# offline with Debian's buildah; its storage stays under bin/image.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILDAH := buildah --storage-driver vfs --root $(abspath $(BIN))/image/storage --runroot $(abspath $(BIN))/image/run
+image:
+	@command -v buildah >/dev/null || { apt-get update && apt-get install -y --no-install-recommends buildah; }
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN)/image/context/nftproxy ./cmd/nftproxy
+	$(BUILDAH) bud --isolation chroot --layers=false -f Containerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t localhost/nftproxy:$(VERSION) $(BIN)/image/context
+	rm -f $(BIN)/nftproxy-image.tar
+	$(BUILDAH) push localhost/nftproxy:$(VERSION) oci-archive:$(BIN)/nftproxy-image.tar:nftproxy:$(VERSION)
+	$(BUILDAH) rmi localhost/nftproxy:$(VERSION) >/dev/null
+	@ls -l $(BIN)/nftproxy-image.tar
 
 clean:
 	rm -rf $(BIN)

@@ -98,9 +98,16 @@ func (c *Conn) CloseLasting() error {
 //
 // Any other error from the kernel leaves the table's state unknown: the
 // caller must apply in full again.
-func Apply(conn *Conn, rs *Ruleset) (Stats, error) {
+func Apply(conn *Conn, rs *Ruleset) (Stats, error) { return ApplyReplacing(conn, rs) }
+
+// ApplyReplacing is Apply, and the same batch deletes the tables named
+// others of rs's family, if they exist: rs takes their place in one
+// transaction, so no packet ever meets neither (another proxy's table, when
+// its NAT rules go before ours are in place, resets established NATed
+// connections).
+func ApplyReplacing(conn *Conn, rs *Ruleset, others ...string) (Stats, error) {
 	for attempt := 1; ; attempt++ {
-		stats, err := applyOnce(conn, rs, attempt < maxApplyAttempts)
+		stats, err := applyOnce(conn, rs, attempt < maxApplyAttempts, others)
 		if attempt == maxApplyAttempts || !errors.Is(err, unix.ERESTART) {
 			return stats, err
 		}
@@ -111,7 +118,7 @@ func Apply(conn *Conn, rs *Ruleset) (Stats, error) {
 // ruleset changed while it planned.
 const maxApplyAttempts = 3
 
-func applyOnce(conn *Conn, rs *Ruleset, guarded bool) (Stats, error) {
+func applyOnce(conn *Conn, rs *Ruleset, guarded bool, others []string) (Stats, error) {
 	b := newBatch(conn, rs.Family, rs.Table)
 	// Translate the model before asking the kernel anything: a model that
 	// can't be encoded fails without I/O and leaves nothing queued.
@@ -139,6 +146,12 @@ func applyOnce(conn *Conn, rs *Ruleset, guarded bool) (Stats, error) {
 	}
 	b.reconcile(k, rs)
 	b.steps = append(b.steps, fill...)
+	for _, name := range others {
+		t := &nftables.Table{Name: name, Family: b.table.Family}
+		// Added first so that the deletion can't fail with ENOENT.
+		b.plan1(func() { b.lib.AddTable(t) }, "add table %s %s", rs.Family, name)
+		b.plan1(func() { b.lib.DelTable(t) }, "delete table %s %s", rs.Family, name)
+	}
 	var gen uint32
 	if guarded {
 		gen = k.gen

@@ -22,6 +22,7 @@ type Metrics struct {
 	InvalidObjects     *prometheus.CounterVec
 	ConntrackDeleted   prometheus.Counter
 	ConntrackDuration  prometheus.Histogram
+	ConntrackFailures  prometheus.Counter
 	RulesetElements    *prometheus.GaugeVec
 }
 
@@ -55,12 +56,14 @@ func NewMetrics() *Metrics {
 			Name: "kubeproxy_conntrack_reconciler_deleted_entries_total", Help: "Stale conntrack entries deleted."}),
 		ConntrackDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kubeproxy_conntrack_reconciler_sync_duration_seconds", Help: "Time to reconcile conntrack entries.", Buckets: buckets}),
+		ConntrackFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nftproxy_conntrack_cleanup_failures_total", Help: "Conntrack cleanups that failed (retried at the next sync)."}),
 		RulesetElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nftproxy_ruleset_elements", Help: "Set and map elements in the applied ruleset."}, []string{"family"}),
 	}
 	mt.Registry.MustRegister(mt.SyncDuration, mt.SyncLastTimestamp, mt.NetworkProgramming, mt.EndpointChanges,
 		mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.BatchMessages, mt.InvalidObjects,
-		mt.ConntrackDeleted, mt.ConntrackDuration, mt.RulesetElements,
+		mt.ConntrackDeleted, mt.ConntrackDuration, mt.ConntrackFailures, mt.RulesetElements,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return mt
 }

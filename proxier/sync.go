@@ -281,6 +281,7 @@ func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
 	p.opts.Metrics.ConntrackDeleted.Add(float64(deleted))
 	p.flowsFailed = err != nil
 	if err != nil {
+		p.opts.Metrics.ConntrackFailures.Inc()
 		// Not fatal: the next sync tries again.
 		p.opts.Logger.Warn("Cleaning stale conntrack entries failed", zap.Int("deleted", deleted), zap.Error(err))
 	} else if deleted > 0 {

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
+
+	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/k8s"
 	"github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/proxier/kubeproxy"
 )
 
 // flowCleaner adapts the conntrack reconciler to the proxier.
@@ -30,4 +34,35 @@ func cleanup() error {
 		}
 	}
 	return nil
+}
+
+// cleanupKubeProxy removes kube-proxy's iptables chains and nftables tables
+// from this namespace, and nothing else.
+func cleanupKubeProxy(ctx context.Context, log *zap.Logger) error {
+	conn, err := nftmodel.Dial(0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.CloseLasting() }()
+	removed, err := kubeproxy.CleanupIPTables(ctx, conn.Conn, log)
+	if err != nil {
+		return err
+	}
+	for _, r := range removed {
+		fmt.Println("removed iptables chain", r)
+	}
+	return kubeproxy.DeleteTables(conn)
+}
+
+// kernel is the proxier's kernel: the netlink applier, which replaces
+// kube-proxy's rules at the first sync when asked to.
+func kernel(ctx context.Context, o *options, conn *nftmodel.Conn, families int, log *zap.Logger) proxier.Kernel {
+	k := proxier.NetlinkKernel{Conn: conn}
+	if !o.cleanupKubeProxy {
+		return k
+	}
+	return &kubeproxy.Replacer{NetlinkKernel: k, Families: families, Logger: log, IPTables: func() error {
+		_, err := kubeproxy.CleanupIPTables(ctx, conn.Conn, log)
+		return err
+	}}
 }

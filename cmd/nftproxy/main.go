@@ -4,7 +4,7 @@
 //	nftproxy [run] --manifests DIR | --kubeconfig FILE [flags]
 //	nftproxy dump --manifests DIR [flags]
 //	nftproxy explain --manifests DIR --src A --dst B --proto tcp --port N
-//	nftproxy cleanup
+//	nftproxy cleanup [--kube-proxy]
 package main
 
 import (
@@ -19,6 +19,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
+
+// version and commit are set by the image build (make image: -ldflags -X).
+var version, commit = "dev", "unknown"
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -41,6 +44,13 @@ func run(args []string) error {
 		fs.StringVar(&o.proto, "proto", "tcp", "tcp, udp or sctp")
 		fs.UintVar(&o.port, "port", 0, "destination port of the packet")
 	}
+	switch cmd {
+	case "run":
+		fs.BoolVar(&o.cleanupKubeProxy, "cleanup-kube-proxy", false,
+			"replace kube-proxy's rules: its nftables tables go in the batch of the first sync, its iptables chains right after it")
+	case "cleanup":
+		fs.BoolVar(&o.cleanupKubeProxy, "kube-proxy", false, "remove kube-proxy's nftables tables and iptables chains instead of nftproxy's tables")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -60,15 +70,22 @@ func run(args []string) error {
 	defer stop()
 	switch cmd {
 	case "run":
+		logger.Info("Starting nftproxy", zap.String("version", version), zap.String("commit", commit))
 		return runDaemon(ctx, &o, logger)
+	case "version":
+		fmt.Println(version, commit)
+		return nil
 	case "dump":
 		return dump(os.Stdout, &o, logger)
 	case "explain":
 		return explain(os.Stdout, &o, logger)
 	case "cleanup":
+		if o.cleanupKubeProxy {
+			return cleanupKubeProxy(ctx, logger)
+		}
 		return cleanup()
 	}
-	return fmt.Errorf("unknown command %q (want run, dump, explain or cleanup)", cmd)
+	return fmt.Errorf("unknown command %q (want run, dump, explain, cleanup or version)", cmd)
 }
 
 // newLogger logs structured lines to stderr; -v 2 enables debug, -v 4 also

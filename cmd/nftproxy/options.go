@@ -35,6 +35,7 @@ type options struct {
 	conntrack          bool
 	profiling          bool
 	verbosity          int
+	cleanupKubeProxy   bool // run: replace kube-proxy's rules; cleanup: remove only kube-proxy's
 
 	// explain
 	src, dst, proto string
@@ -79,6 +80,8 @@ type kubeProxyConfiguration struct {
 		MinSyncPeriod *string `json:"minSyncPeriod"`
 		SyncPeriod    *string `json:"syncPeriod"`
 	} `json:"nftables"`
+	// nftproxy's own: --cleanup-kube-proxy.
+	CleanupKubeProxy *bool `json:"cleanupKubeProxy"`
 }
 
 // applyConfigFile fills the options the command line did not set from the
@@ -113,6 +116,9 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	setString("kubeconfig", &o.kubeconfig, c.ClientConnection.Kubeconfig)
 	if c.EnableProfiling != nil && !set["profiling"] {
 		o.profiling = *c.EnableProfiling
+	}
+	if c.CleanupKubeProxy != nil && !set["cleanup-kube-proxy"] {
+		o.cleanupKubeProxy = *c.CleanupKubeProxy
 	}
 	if c.NFTables.MasqueradeAll != nil && !set["masquerade-all"] {
 		o.masqueradeAll = *c.NFTables.MasqueradeAll

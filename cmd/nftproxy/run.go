@@ -68,7 +68,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	hc := proxier.NewHealthChecks(log, health)
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
-		Kernel: proxier.NetlinkKernel{Conn: conn}, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
+		Kernel: kernel(ctx, o, conn, len(cfgs), log), Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
 		ReleaseMemory: true}
 	if o.localhostNodePorts {
 		// Without it the kernel drops packets from 127.0.0.0/8 routed to a pod.

@@ -1,0 +1,405 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftproxy/nftproxy/e2e/apiserver"
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// kubeProxy is the real kube-proxy running in a node namespace.
+type kubeProxy struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	log  bytes.Buffer
+}
+
+func (k *kubeProxy) Write(p []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.log.Write(p)
+}
+
+func (k *kubeProxy) Log() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.log.String()
+}
+
+// stop ends kube-proxy as a DaemonSet rollout would: SIGTERM, which leaves
+// its rules in place.
+func (k *kubeProxy) stop() {
+	select {
+	case <-k.done:
+		return
+	default:
+	}
+	_ = k.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-k.done:
+	case <-time.After(10 * time.Second):
+		_ = k.cmd.Process.Kill()
+		<-k.done
+	}
+}
+
+// kubeProxyConfig runs kube-proxy in mode against the relay, touching no
+// global sysctl (conntrack limits and timeouts stay as they are).
+const kubeProxyConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: %s
+clientConnection:
+  kubeconfig: %s
+hostnameOverride: %s
+clusterCIDR: 10.244.0.0/16
+healthzBindAddress: 127.0.0.1:10266
+metricsBindAddress: 127.0.0.1:10269
+oomScoreAdj: 0
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+iptables:
+  localhostNodePorts: false
+  minSyncPeriod: 100ms
+  syncPeriod: 30s
+nftables:
+  minSyncPeriod: 100ms
+  syncPeriod: 30s
+`
+
+// startKubeProxy runs kube-proxy in ns in mode ("nftables", "iptables-nft"
+// or "iptables-legacy": iptables mode on that backend, chosen as kube-proxy
+// chooses it, by the iptables first on its PATH).
+func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *kubeProxy {
+	t.Helper()
+	dir := t.TempDir()
+	kpMode := "nftables"
+	env := os.Environ()
+	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok {
+		kpMode = "iptables"
+		links := filepath.Join(dir, "bin")
+		if err := os.Mkdir(links, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, fam := range []string{"iptables", "ip6tables"} {
+			for _, suffix := range []string{"", "-save", "-restore"} {
+				target, err := exec.LookPath(fam + "-" + backend + suffix)
+				if err != nil {
+					t.Skipf("skipping: %v", err)
+				}
+				if err := os.Symlink(target, filepath.Join(links, fam+suffix)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		env = append(env, "PATH="+links+":"+os.Getenv("PATH"))
+	}
+	cfg := filepath.Join(dir, "kube-proxy.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, kubeProxyConfig, kpMode, kubeconfig, clusterNode), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := &kubeProxy{done: make(chan struct{})}
+	k.cmd = exec.Command("ip", "netns", "exec", ns.Name(), bin, "--config", cfg, "--v", "2")
+	k.cmd.Env = env
+	k.cmd.Stdout, k.cmd.Stderr = k, k
+	k.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := k.cmd.Start(); err != nil {
+		t.Fatalf("start kube-proxy: %v", err)
+	}
+	go func() { _ = k.cmd.Wait(); close(k.done) }()
+	t.Cleanup(func() {
+		k.stop()
+		if t.Failed() {
+			t.Logf("kube-proxy (%s) log:\n%s", mode, k.Log())
+		}
+	})
+	return k
+}
+
+// adminKubeconfig writes a copy of the admin kubeconfig that goes through
+// the relay: kube-proxy, unlike nftproxy, writes events.
+func adminKubeconfig(t *testing.T, admin, relay string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + relay
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig-admin")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// kubeProxyRules returns kube-proxy's rules left in ns: its nftables
+// tables and its iptables chains in either backend. Kubelet's three chains
+// don't count: kube-proxy's iptables mode writes KUBE-FIREWALL too, a copy
+// of kubelet's, which the cleanup leaves to kubelet.
+func kubeProxyRules(t *testing.T, ns *netns.NS) string {
+	t.Helper()
+	var b strings.Builder
+	tables, err := ns.Exec("nft", "list", "tables")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(tables, "\n") {
+		if strings.Contains(l, "kube-proxy") {
+			fmt.Fprintln(&b, l)
+		}
+	}
+	tools := []string{"iptables-nft-save", "ip6tables-nft-save"}
+	if names, _ := ns.Exec("cat", "/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"); strings.TrimSpace(names) != "" {
+		tools = append(tools, "iptables-legacy-save", "ip6tables-legacy-save")
+	}
+	for _, tool := range tools {
+		out, err := ns.Exec(tool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, ":KUBE-") && !strings.HasPrefix(l, ":KUBE-FIREWALL ") &&
+				!strings.HasPrefix(l, ":KUBE-KUBELET-CANARY ") && !strings.HasPrefix(l, ":KUBE-IPTABLES-HINT ") {
+				fmt.Fprintf(&b, "%s %s\n", tool, l)
+			}
+		}
+	}
+	return b.String()
+}
+
+// prober opens a new connection to addr every 20 ms and records the
+// failures.
+type prober struct {
+	mu       sync.Mutex
+	ok, fail int
+	failures []time.Time
+	stop     func()
+	done     chan struct{}
+}
+
+func startProber(ctx context.Context, client *netns.NS, addr netip.AddrPort) *prober {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &prober{stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for ctx.Err() == nil {
+			c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err := client.AskTCP(c, addr)
+			cancel()
+			p.mu.Lock()
+			if err == nil {
+				p.ok++
+			} else if ctx.Err() == nil {
+				p.fail++
+				p.failures = append(p.failures, time.Now())
+			}
+			p.mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return p
+}
+
+// finish stops the prober and returns the counts and the longest time
+// between the first and last of consecutive failures (one failure counts
+// as its timeout).
+func (p *prober) finish() (ok, fail int, gap time.Duration) {
+	p.stop()
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := 0; i < len(p.failures); {
+		j := i
+		// Failures less than 400 ms apart (the probe period plus its
+		// timeout) are one outage.
+		for j+1 < len(p.failures) && p.failures[j+1].Sub(p.failures[j]) < 400*time.Millisecond {
+			j++
+		}
+		gap = max(gap, p.failures[j].Sub(p.failures[i])+300*time.Millisecond)
+		i = j + 1
+	}
+	return p.ok, p.fail, gap
+}
+
+// TestMigrateFromKubeProxy runs the real kube-proxy (same version as the
+// API server) in a node namespace in nftables mode and in iptables mode on
+// both backends until a ClusterIP and a NodePort answer, opens a long-lived
+// connection through the NodePort, stops kube-proxy and starts nftproxy
+// with --cleanup-kube-proxy: kube-proxy's rules are gone, nftproxy's serve
+// the same Services, the connection still carries data, and new connections
+// (probed every 20 ms) never fail for more than one sync. Then the way back:
+// kube-proxy started again, `nftproxy cleanup`, traffic flows.
+func TestMigrateFromKubeProxy(t *testing.T) {
+	if binary == "" {
+		t.Skip("needs root and network namespaces: " + netns.Usable())
+	}
+	kp := filepath.Join(apiserver.DefaultBinDir(), "kube-proxy")
+	if _, err := os.Stat(kp); err != nil {
+		t.Skipf("skipping: kube-proxy not built (%v); build it with e2e/apiserver/build.sh or `make k8s-bins`", err)
+	}
+	env := newClusterEnv(t)
+	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
+		t.Run(mode, func(t *testing.T) { testMigrate(t, env, kp, mode, i) })
+	}
+}
+
+func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	s := &clusterScenario{t: t, env: env, ns: "migrate-" + strings.ReplaceAll(mode, "-", ""), ctx: ctx}
+	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", s.ns, err)
+	}
+	t.Cleanup(s.deleteAll)
+	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2m", Pods: 2})
+	for _, p := range s.topo.Pods {
+		if _, err := p.ServeName("tcp", 8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(env.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
+	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.addr)
+
+	clusterIP := netip.AddrFrom4([4]byte{10, 96, 50, byte(10 + i)})
+	nodePort := int32(30500 + i)
+	s.service("web", clusterIP.String(), nodePort)
+	addrs, names := s.pods(0, 1)
+	s.slice("web", "web-1", addrs...)
+	vip := netip.AddrPortFrom(clusterIP, 80)
+	np := netip.AddrPortFrom(s.topo.NodeAddr, uint16(nodePort))
+
+	// kube-proxy serves the service.
+	k := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.addr))
+	took := s.eventually("kube-proxy serving the ClusterIP and NodePort", func() error {
+		select {
+		case <-k.done:
+			return errors.New("kube-proxy exited")
+		default:
+		}
+		if err := s.answeredBy(vip, names); err != nil {
+			return err
+		}
+		return s.answeredBy(np, names)
+	})
+	t.Logf("kube-proxy (%s) serving after %s", mode, took.Round(time.Millisecond))
+	if kubeProxyRules(t, s.topo.Node) == "" {
+		t.Fatalf("kube-proxy serves, but no rules of its own found:\n%s", s.ruleset())
+	}
+
+	session, err := s.topo.Client.ConnectTCP(ctx, netip.AddrPort{}, np)
+	if err != nil {
+		t.Fatalf("long-lived connection through the NodePort: %v", err)
+	}
+	defer session.Close()
+	if _, err := session.Echo(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	probe := startProber(ctx, s.topo.Client, vip)
+
+	// The switch.
+	k.stop()
+	start := time.Now()
+	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
+		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
+		"--min-sync-period", "100ms", "--cleanup-kube-proxy", "-v", "2"}
+	s.startDaemon()
+	t.Logf("nftproxy's first sync %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
+	if left := kubeProxyRules(t, s.topo.Node); left != "" {
+		t.Errorf("kube-proxy's rules left after nftproxy's first sync:\n%s", left)
+	}
+	if err := s.answeredBy(vip, names); err != nil {
+		t.Error(err)
+	}
+	if err := s.answeredBy(np, names); err != nil {
+		t.Error(err)
+	}
+	if got, err := session.Echo(ctx, "after"); err != nil || got != "after" {
+		t.Errorf("the connection opened under kube-proxy, after the switch: %q, %v", got, err)
+	}
+	time.Sleep(200 * time.Millisecond) // probes after the switch too
+	ok, fail, gap := probe.finish()
+	t.Logf("new connections during the switch: %d answered, %d failed, longest outage %s", ok, fail, gap)
+	// One sync at most: the first, which replaced kube-proxy's rules.
+	if gap > time.Second {
+		t.Errorf("new connections failed for %s during the switch", gap)
+	}
+	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") {
+		t.Errorf("iptables cleanup failed:\n%s", s.d.Log())
+	}
+
+	// The way back: kube-proxy again beside nftproxy's rules, then nftproxy's go.
+	if err := s.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	k2 := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.addr))
+	s.eventually("kube-proxy's first sync", func() error {
+		select {
+		case <-k2.done:
+			return errors.New("kube-proxy exited")
+		default:
+		}
+		synced := false
+		for _, l := range strings.Split(k2.Log(), "\n") {
+			synced = synced || strings.Contains(l, "SyncProxyRules complete") && strings.Contains(l, `"IPv4"`)
+		}
+		if !synced || !strings.Contains(kubeProxyRuleset(t, s.topo.Node), clusterIP.String()) {
+			return errors.New("no rule for the ClusterIP yet")
+		}
+		return nil
+	})
+	if out, err := s.topo.Node.Exec(binary, "cleanup"); err != nil {
+		t.Fatalf("nftproxy cleanup: %v: %s", err, out)
+	}
+	if rs := s.ruleset(); strings.Contains(rs, "nftproxy") {
+		t.Errorf("nftproxy's tables left after cleanup:\n%s", rs)
+	}
+	if err := s.answeredBy(vip, names); err != nil {
+		t.Errorf("back on kube-proxy: %v", err)
+	}
+	if err := s.answeredBy(np, names); err != nil {
+		t.Errorf("back on kube-proxy: %v", err)
+	}
+	if got, err := session.Echo(ctx, "back"); err != nil || got != "back" {
+		t.Errorf("the connection, back on kube-proxy: %q, %v", got, err)
+	}
+}
+
+// kubeProxyRuleset is kube-proxy's nftables tables and iptables rules, as text.
+func kubeProxyRuleset(t *testing.T, ns *netns.NS) string {
+	t.Helper()
+	var b strings.Builder
+	for _, cmd := range [][]string{{"nft", "list", "ruleset"}, {"iptables-nft-save"}, {"iptables-legacy-save"}} {
+		out, _ := ns.Exec(cmd...)
+		b.WriteString(out)
+	}
+	return b.String()
+}

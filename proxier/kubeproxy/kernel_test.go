@@ -1,0 +1,299 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// kubeProxyIPv4 is what kube-proxy's iptables mode (and kubelet) leave in
+// an IPv4 namespace serving one ClusterIP/NodePort service, beside another
+// program's chain and rules.
+const kubeProxyIPv4 = `*mangle
+:KUBE-IPTABLES-HINT - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+COMMIT
+*filter
+:KUBE-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:OTHER-INPUT - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A INPUT -j KUBE-FIREWALL
+-A INPUT -s 192.0.2.0/24 -j OTHER-INPUT
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -j KUBE-FIREWALL
+-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A OTHER-INPUT -p tcp -m tcp --dport 22 -m comment --comment "someone's \"ssh\" -j KUBE-SERVICES" -j ACCEPT
+COMMIT
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-SVC-LOLE4ISW44XBNF3G - [0:0]
+:KUBE-SEP-7GB5MCKFYLQ4EWGB - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-EXT-LOLE4ISW44XBNF3G - [0:0]
+:OTHER-POST - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -j OTHER-POST
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-LOLE4ISW44XBNF3G
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m comment --comment "default/web:http" -m tcp --dport 30080 -j KUBE-EXT-LOLE4ISW44XBNF3G
+-A KUBE-EXT-LOLE4ISW44XBNF3G -j KUBE-MARK-MASQ
+-A KUBE-EXT-LOLE4ISW44XBNF3G -j KUBE-SVC-LOLE4ISW44XBNF3G
+-A KUBE-SVC-LOLE4ISW44XBNF3G -m comment --comment "default/web:http -> 10.244.1.2:8080" -j KUBE-SEP-7GB5MCKFYLQ4EWGB
+-A KUBE-SEP-7GB5MCKFYLQ4EWGB -s 10.244.1.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-7GB5MCKFYLQ4EWGB -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:8080
+-A OTHER-POST -s 10.99.0.0/16 -j MASQUERADE
+COMMIT
+`
+
+const kubeProxyIPv6 = `*mangle
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+COMMIT
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -s fd99::/64 -j MASQUERADE
+-A KUBE-SERVICES -d fd00:96::10/128 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA
+-A KUBE-POSTROUTING -j MASQUERADE --random-fully
+COMMIT
+*filter
+:OTHER - [0:0]
+-A INPUT -j OTHER
+COMMIT
+`
+
+// otherTables are nftables tables of other programs, and kube-proxy's.
+const otherTables = `table inet other {
+	chain input {
+		type filter hook input priority filter; policy accept;
+		tcp dport 22 accept
+	}
+}
+table ip kube-proxy {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+	}
+}
+table ip6 kube-proxy {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+	}
+}
+`
+
+// kept drops, from iptables-save output, the comment lines and every line
+// that declares, fills or jumps to a chain of kube-proxy's (written out
+// here, not with IsChain): what must be left after the cleanup.
+func kept(save string) string {
+	kubelet := strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "")
+	var out []string
+	for _, l := range strings.Split(save, "\n") {
+		if strings.HasPrefix(l, "#") || strings.Contains(kubelet.Replace(l), "KUBE-") {
+			continue
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
+}
+
+func iptablesSave(t *testing.T, ns *netns.NS, tool string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns.Name(), tool).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	return string(out)
+}
+
+func restore(t *testing.T, ns *netns.NS, tool, input string) {
+	t.Helper()
+	args := []string{"netns", "exec", ns.Name(), tool}
+	if tool == "nft" {
+		args = append(args, "-f", "-")
+	}
+	cmd := exec.Command("ip", args...)
+	cmd.Stdin = strings.NewReader(input)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", tool, err, out)
+	}
+}
+
+// TestCleanupInNamespace loads kube-proxy's and kubelet's chains beside
+// another program's, in one iptables backend, plus kube-proxy's nftables
+// tables beside another's, into a fresh namespace; the cleanup removes
+// exactly kube-proxy's, and a second run finds nothing to do.
+func TestCleanupInNamespace(t *testing.T) {
+	for _, backend := range []string{"legacy", "nft"} {
+		t.Run(backend, func(t *testing.T) {
+			for _, tool := range []string{"iptables-" + backend + "-restore", "nft"} {
+				if _, err := exec.LookPath(tool); err != nil {
+					t.Skipf("skipping: %s not installed (apt-get install iptables nftables)", tool)
+				}
+			}
+			ns := netns.New(t, "kpc")
+			restore(t, ns, "iptables-"+backend+"-restore", kubeProxyIPv4)
+			restore(t, ns, "ip6tables-"+backend+"-restore", kubeProxyIPv6)
+			restore(t, ns, "nft", otherTables)
+			before4 := iptablesSave(t, ns, "iptables-"+backend+"-save")
+			before6 := iptablesSave(t, ns, "ip6tables-"+backend+"-save")
+
+			lib, err := ns.NFT()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = lib.CloseLasting() }()
+			var removed []string
+			err = ns.Do(func() error {
+				// Children inherit the locked thread's namespace.
+				var err error
+				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := nftmodel.Dial(ns.Fd())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.CloseLasting() }()
+			if err := DeleteTables(conn); err != nil {
+				t.Fatal(err)
+			}
+
+			want := []string{
+				"iptables-" + backend + ": mangle/KUBE-PROXY-CANARY",
+				"iptables-" + backend + ": nat/KUBE-SEP-7GB5MCKFYLQ4EWGB",
+				"ip6tables-" + backend + ": nat/KUBE-SVC-AAAAAAAAAAAAAAAA",
+			}
+			for _, w := range want {
+				if !slices.Contains(removed, w) {
+					t.Errorf("removed %q, lacks %q", removed, w)
+				}
+			}
+			if len(removed) != 13+4 {
+				t.Errorf("removed %d chains, want 17: %q", len(removed), removed)
+			}
+			for tool, before := range map[string]string{"iptables-" + backend + "-save": before4, "ip6tables-" + backend + "-save": before6} {
+				if diff := cmp.Diff(kept(before), kept(iptablesSave(t, ns, tool))); diff != "" {
+					t.Errorf("%s: other chains and rules changed (-want +got):\n%s", tool, diff)
+				}
+				if after := iptablesSave(t, ns, tool); strings.Contains(strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "").Replace(after), "KUBE-") {
+					t.Errorf("%s: kube-proxy's chains left:\n%s", tool, after)
+				}
+			}
+			tables, err := ns.Exec("nft", "list", "tables")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(tables, "kube-proxy") || !strings.Contains(tables, "table inet other") {
+				t.Errorf("nftables tables after the cleanup:\n%s", tables)
+			}
+
+			// Nothing left to do: no tool runs for the nft backend, and the
+			// legacy one finds nothing.
+			err = ns.Do(func() error {
+				var err error
+				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
+				return err
+			})
+			if err != nil || len(removed) != 0 {
+				t.Errorf("second cleanup: removed %q, error %v", removed, err)
+			}
+		})
+	}
+}
+
+// TestReplacerOneTransaction applies nftproxy's first ruleset through the
+// Replacer into a namespace holding kube-proxy's tables: one commit per
+// family replaces them, and the iptables cleanup runs once, after the last
+// family.
+func TestReplacerOneTransaction(t *testing.T) {
+	ns := netns.New(t, "kpr")
+	restore(t, ns, "nft", otherTables)
+	conn, err := nftmodel.Dial(ns.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.CloseLasting() }()
+	var calls []string
+	r := &Replacer{NetlinkKernel: proxier.NetlinkKernel{Conn: conn}, Families: 2, Logger: zaptest.NewLogger(t),
+		IPTables: func() error { calls = append(calls, "iptables"); return nil }}
+	for i, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
+		before, err := r.Generation()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := &nftmodel.Ruleset{Family: f, Table: proxier.TableName}
+		if _, err := r.Apply(rs); err != nil {
+			t.Fatalf("apply %s: %v", f, err)
+		}
+		after, err := r.Generation()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after-before != 1 {
+			t.Errorf("%s: %d commits, want 1", f, after-before)
+		}
+		tables, err := ns.Exec("nft", "list", "tables")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "table inet other\n"
+		if i == 0 {
+			want += "table ip6 kube-proxy\ntable ip nftproxy\n"
+		} else {
+			want += "table ip nftproxy\ntable ip6 nftproxy\n"
+		}
+		if got := sortedLines(tables); got != sortedLines(want) {
+			t.Errorf("after %s: tables\n%s\nwant\n%s", f, got, sortedLines(want))
+		}
+		if wantCalls := i; len(calls) != wantCalls {
+			t.Errorf("after %s: iptables cleanup ran %d times, want %d", f, len(calls), wantCalls)
+		}
+	}
+	// Later full syncs don't run it again.
+	if _, err := r.Apply(&nftmodel.Ruleset{Family: nftmodel.IPv4, Table: proxier.TableName}); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 1 {
+		t.Errorf("iptables cleanup ran %d times, want once", len(calls))
+	}
+}
+
+func sortedLines(s string) string {
+	lines := strings.Fields(strings.ReplaceAll(s, "table ", "table_"))
+	slices.Sort(lines)
+	return fmt.Sprint(lines)
+}
