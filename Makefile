@@ -38,9 +38,11 @@ k8s-bins:
 	bash e2e/apiserver/build.sh
 
 # Root; only inside network namespaces it makes. Writes docs/benchmarks.md.
-bench: build
+# The peers phase runs kube-proxy from k8s-bins beside nftproxy; BENCH_FLAGS
+# runs a piece, e.g. BENCH_FLAGS="--phases peers --workloads 10kx3".
+bench: build k8s-bins
 	@command -v iptables-legacy-restore >/dev/null && command -v iptables-nft-restore >/dev/null || apt-get install -y iptables
-	$(GO) run ./cmd/bench $(if $(QUICK),--quick,)
+	$(GO) run ./cmd/bench $(if $(QUICK),--quick,) $(BENCH_FLAGS)
 
 # An OCI archive of the image (Containerfile) in bin/nftproxy-image.tar, built
 # offline with Debian's buildah; its storage stays under bin/image.

@@ -22,19 +22,23 @@ type options struct {
 	render         string
 	results        string
 	nftproxy       string
-	iptNftSync     int    // largest size iptables-nft-restore loads in full
-	iptNftFull     int    // largest size iptables-nft-restore full-table updates are timed at
-	iptNftPartial  int    // largest size its partial updates are timed at
-	samples        int    // connect samples per target
-	daemonMax      int    // largest size the daemon is started at
-	daemonProfiles string // where heap profiles of the daemon go; none when empty
+	iptNftSync     int           // largest size iptables-nft-restore loads in full
+	iptNftFull     int           // largest size iptables-nft-restore full-table updates are timed at
+	iptNftPartial  int           // largest size its partial updates are timed at
+	samples        int           // connect samples per target
+	daemonMax      int           // largest size the daemon is started at
+	daemonProfiles string        // where heap profiles of the daemon go; none when empty
+	workloads      []string      // the peers phase's workloads
+	proxies        []string      // the peers phase's proxies
+	proxiesGiven   bool          // --proxies was set: run them on every workload
+	stepLimit      time.Duration // a proxy's step stopped after this long
 
 	childSync     int
 	childNetns    string
 	childMemstats bool
 }
 
-var allPhases = []string{"sync", "updates", "dataplane", "daemon", "gobench"}
+var allPhases = []string{"sync", "updates", "dataplane", "daemon", "gobench", "peers"}
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -60,6 +64,9 @@ func run(args []string) error {
 	fs.IntVar(&o.samples, "samples", 1000, "TCP connects timed per target service")
 	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
 	fs.StringVar(&o.daemonProfiles, "daemon-profiles", "", "directory the daemon's heap profile at steady state is saved to, one per size (none when empty)")
+	workloads := fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
+	proxies := fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
+	fs.DurationVar(&o.stepLimit, "step-limit", 5*time.Minute, "peers phase: a proxy that has not finished a step after this long is reported over it and stopped")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
 	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")
@@ -76,6 +83,10 @@ func run(args []string) error {
 	if o.sizes, err = parseSizes(*sizes, o.quick); err != nil {
 		return err
 	}
+	if o.workloads, o.proxies, err = parsePeers(*workloads, *proxies, o.quick); err != nil {
+		return err
+	}
+	o.proxiesGiven = *proxies != ""
 	o.phases = strings.Split(*phases, ",")
 	for _, p := range o.phases {
 		if !slices.Contains(allPhases, p) {
@@ -100,6 +111,11 @@ func run(args []string) error {
 		return err
 	}
 	path := o.results
+	// A run of some phases, workloads or proxies keeps the saved figures of
+	// the others.
+	if old, lerr := loadResults(path); lerr == nil {
+		res = mergeResults(old, res)
+	}
 	if serr := res.save(path); serr != nil {
 		return errors.Join(err, serr)
 	}
@@ -125,6 +141,28 @@ func parseSizes(s string, quick bool) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// parsePeers checks --workloads and --proxies.
+func parsePeers(workloads, proxies string, quick bool) (ws, ps []string, err error) {
+	ws, ps = defaultWorkloads(quick), allProxies
+	if workloads != "" {
+		ws = strings.Split(workloads, ",")
+		for _, w := range ws {
+			if _, ok := findWorkload(w); !ok {
+				return nil, nil, fmt.Errorf("unknown workload %q, want some of %s", w, workloadNames())
+			}
+		}
+	}
+	if proxies != "" {
+		ps = strings.Split(proxies, ",")
+		for _, p := range ps {
+			if !slices.Contains(allProxies, p) {
+				return nil, nil, fmt.Errorf("unknown proxy %q, want some of %s", p, strings.Join(allProxies, ","))
+			}
+		}
+	}
+	return ws, ps, nil
 }
 
 // measure runs every phase at every size, smallest first, and returns what
@@ -164,6 +202,11 @@ func measure(o *options) (*Results, error) {
 	if has("gobench") {
 		if err := goBenchPhase(res); err != nil {
 			return res, err
+		}
+	}
+	if has("peers") {
+		if err := peersPhase(res, o); err != nil {
+			return res, fmt.Errorf("peers: %w", err)
 		}
 	}
 	res.Load = append(res.Load, loadAverage())

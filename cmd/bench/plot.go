@@ -70,31 +70,47 @@ const (
 	marginBot   = 70
 )
 
-// writePNG draws the charts side by side with one legend below them.
-func writePNG(path string, charts ...chart) error {
+// panel is one picture of a plot file: a line chart or a bar chart.
+type panel interface {
+	draw(img *image.RGBA, r image.Rectangle)
+	legend() []series
+	hasTargets() bool
+	width() int
+}
+
+func (c chart) legend() []series { return c.series }
+func (c chart) hasTargets() bool { return len(c.targets) > 0 }
+func (c chart) width() int       { return panelW }
+
+// writePNG draws the panels side by side with one legend below them.
+func writePNG(path string, panels ...panel) error {
 	var legend []series
 	seen := map[string]bool{}
 	hasTarget := false
-	for _, c := range charts {
-		for _, s := range c.series {
+	w := 0
+	for _, c := range panels {
+		for _, s := range c.legend() {
 			if !seen[s.name] {
 				seen[s.name] = true
 				legend = append(legend, s)
 			}
 		}
-		hasTarget = hasTarget || len(c.targets) > 0
+		hasTarget = hasTarget || c.hasTargets()
+		w += c.width()
 	}
 	entries := len(legend)
 	if hasTarget {
 		entries++
 	}
-	perRow := max(1, len(charts)*panelW/340)
+	perRow := max(1, w/340)
 	rows := (entries + perRow - 1) / perRow
-	w, h := len(charts)*panelW, panelH+rows*lineHeight*textScale+20
+	h := panelH + rows*lineHeight*textScale + 20
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), &image.Uniform{white}, image.Point{}, draw.Src)
-	for i, c := range charts {
-		c.draw(img, image.Rect(i*panelW, 0, (i+1)*panelW, panelH))
+	x := 0
+	for _, c := range panels {
+		c.draw(img, image.Rect(x, 0, x+c.width(), panelH))
+		x += c.width()
 	}
 	colW := w / perRow
 	for i := range entries {

@@ -69,6 +69,7 @@ type Results struct {
 	GoBench  []GoBench `json:"go_bench,omitempty"`
 	Load     []string  `json:"load,omitempty"` // /proc/loadavg before and after
 	Notes    []string  `json:"notes,omitempty"`
+	Peers    *PeerRun  `json:"peers,omitempty"` // the peers phase: nftproxy against kube-proxy
 }
 
 // add records values, rounded to a thousandth of their unit (a microsecond,

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/nftproxy/nftproxy/e2e/apiserver"
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// The API objects of the peers phase: one Kubernetes namespace, one Node.
+const (
+	benchNamespace = "bench"
+	benchNode      = "node-1"
+	benchManagedBy = "nftproxy-bench" // not the EndpointSlice controller's value
+	createWorkers  = 16
+)
+
+// cluster is a fresh etcd and kube-apiserver holding one workload.
+type cluster struct {
+	srv    *apiserver.Server
+	client kubernetes.Interface
+}
+
+// startCluster starts an API server whose ClusterIP range holds 100,000
+// services, and creates the bench's namespace and Node.
+func startCluster(ctx context.Context) (*cluster, error) {
+	srv, err := apiserver.Start(ctx, apiserver.Options{
+		APIServerFlags: []string{"--service-cluster-ip-range=" + benchServiceCIDR.String()},
+		StartTimeout:   2 * time.Minute,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cfg := *srv.RestConfig
+	cfg.QPS, cfg.Burst = 5000, 10000 // the workload is written as fast as the server takes it
+	cfg.UserAgent = "nftproxy-bench"
+	client, err := kubernetes.NewForConfig(&cfg)
+	if err != nil {
+		srv.Stop()
+		return nil, fmt.Errorf("make API client: %w", err)
+	}
+	c := &cluster{srv: srv, client: client}
+	if err := c.init(ctx); err != nil {
+		srv.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cluster) stop() { c.srv.Stop() }
+
+func (c *cluster) init(ctx context.Context) error {
+	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}
+	node, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create node: %w", err)
+	}
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: netns.NodeAddr.String()}}
+	if _, err := c.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set node address: %w", err)
+	}
+	return nil
+}
+
+func serviceObject(name string, ip netip.Addr) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: benchNamespace},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  ip.String(),
+			ClusterIPs: []string{ip.String()},
+			Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: servicePort,
+				TargetPort: intstr.FromInt32(endpointPort)}},
+		},
+	}
+}
+
+func sliceObject(service string, j int, addrs []netip.Addr) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: sliceName(service, j), Namespace: benchNamespace, Labels: map[string]string{
+			discoveryv1.LabelServiceName: service,
+			discoveryv1.LabelManagedBy:   benchManagedBy,
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(v1.ProtocolTCP), Port: ptr.To[int32](endpointPort)}},
+		Endpoints:   make([]discoveryv1.Endpoint, len(addrs)),
+	}
+	for i, a := range addrs {
+		es.Endpoints[i] = discoveryv1.Endpoint{Addresses: []string{a.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}}
+	}
+	return es
+}
+
+// load writes every Service and EndpointSlice of w, with a pool of
+// concurrent writers.
+func (c *cluster) load(ctx context.Context, w *workload) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := make(chan func() error)
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+		done     atomic.Int64
+	)
+	for range createWorkers {
+		wg.Go(func() {
+			for job := range jobs {
+				if err := job(); err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+				}
+				done.Add(1)
+			}
+		})
+	}
+	services, slices := w.objects()
+	total := int64(services + slices)
+	tick := time.NewTicker(15 * time.Second)
+	defer tick.Stop()
+feed:
+	for i := range w.services {
+		s := &w.services[i]
+		todo := []func() error{func() error {
+			_, err := c.client.CoreV1().Services(benchNamespace).Create(ctx, serviceObject(s.name, s.clusterIP), metav1.CreateOptions{})
+			return wrapCreate("service", s.name, err)
+		}}
+		for j, addrs := range s.slices() {
+			todo = append(todo, func() error {
+				_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, sliceObject(s.name, j, addrs), metav1.CreateOptions{})
+				return wrapCreate("endpoint slice", sliceName(s.name, j), err)
+			})
+		}
+		for _, job := range todo {
+			select {
+			case jobs <- job:
+			case <-ctx.Done():
+				break feed
+			case <-tick.C:
+				logf("  %d of %d objects written", done.Load(), total)
+				jobs <- job
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+func wrapCreate(kind, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("create %s %s: %w", kind, name, err)
+}
+
+// replaceEndpoint puts addr in place of the last endpoint of service i's
+// last slice; it returns the address it replaced.
+func (c *cluster) replaceEndpoint(ctx context.Context, w *workload, i int, addr netip.Addr, prepared func()) (netip.Addr, error) {
+	s := &w.services[i]
+	name := sliceName(s.name, len(s.slices())-1)
+	api := c.client.DiscoveryV1().EndpointSlices(benchNamespace)
+	es, err := api.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("get endpoint slice %s: %w", name, err)
+	}
+	last := &es.Endpoints[len(es.Endpoints)-1]
+	old, err := netip.ParseAddr(last.Addresses[0])
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("parse endpoint of %s: %w", name, err)
+	}
+	last.Addresses = []string{addr.String()}
+	prepared()
+	if _, err := api.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		return netip.Addr{}, fmt.Errorf("update endpoint slice %s: %w", name, err)
+	}
+	return old, nil
+}
+
+// Names of the service the service step adds.
+func addedServiceName(k int) string { return fmt.Sprintf("added-%03d", k) }
+
+// addedEndpoints are the three endpoints of the k-th added service, in
+// 10.193.0.0/16, apart from every other address.
+func addedEndpoints(k int) []netip.Addr {
+	base := addrPlus(netip.MustParseAddr("10.193.0.1"), uint32(4*k))
+	return []netip.Addr{base, addrPlus(base, 1), addrPlus(base, 2)}
+}
+
+func (c *cluster) createAddedSlice(ctx context.Context, k int) error {
+	_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx,
+		sliceObject(addedServiceName(k), 0, addedEndpoints(k)), metav1.CreateOptions{})
+	return wrapCreate("endpoint slice", sliceName(addedServiceName(k), 0), err)
+}
+
+func (c *cluster) createAddedService(ctx context.Context, k int) error {
+	_, err := c.client.CoreV1().Services(benchNamespace).Create(ctx,
+		serviceObject(addedServiceName(k), addedClusterIP(k)), metav1.CreateOptions{})
+	return wrapCreate("service", addedServiceName(k), err)
+}
+
+// removeAdded deletes the k-th added service and its slice, so the next
+// proxy starts from the workload alone.
+func (c *cluster) removeAdded(ctx context.Context, k int) error {
+	name := addedServiceName(k)
+	err := c.client.CoreV1().Services(benchNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete service %s: %w", name, err)
+	}
+	err = c.client.DiscoveryV1().EndpointSlices(benchNamespace).Delete(ctx, sliceName(name, 0), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete endpoint slice %s: %w", sliceName(name, 0), err)
+	}
+	return nil
+}

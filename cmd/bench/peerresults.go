@@ -1,0 +1,183 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Proxies of the peers phase, as --proxies names them.
+const (
+	proxyKubeNft    = "kube-proxy-nftables"
+	proxyKubeIptNft = "kube-proxy-iptables-nft"
+	proxyKubeLegacy = "kube-proxy-iptables-legacy"
+	proxyNftproxy   = "nftproxy"
+)
+
+var allProxies = []string{proxyKubeNft, proxyKubeIptNft, proxyKubeLegacy, proxyNftproxy}
+
+var kubeProxies = []string{proxyKubeNft, proxyKubeIptNft, proxyKubeLegacy}
+
+// proxyTitle is how tables and plots name a proxy.
+var proxyTitle = map[string]string{
+	proxyKubeNft:    "kube-proxy nftables",
+	proxyKubeIptNft: "kube-proxy iptables (nft backend)",
+	proxyKubeLegacy: "kube-proxy iptables-legacy",
+	proxyNftproxy:   "nftproxy",
+}
+
+var proxyColor = map[string]struct{ R, G, B uint8 }{
+	proxyNftproxy:   {20, 80, 200},
+	proxyKubeNft:    {240, 140, 0},
+	proxyKubeIptNft: {130, 50, 170},
+	proxyKubeLegacy: {200, 30, 40},
+}
+
+// Figures of one proxy on one workload.
+const (
+	peerStart       = "start"         // ms, exec to the first sync seen in /metrics
+	peerFullSync    = "full-sync"     // ms, the first sync, from the proxy's histogram
+	peerEndpoint    = "endpoint-sync" // ms, the sync(s) one replaced endpoint caused
+	peerEndpointWal = "endpoint-wall" // ms, API write to the new endpoint in the kernel
+	peerService     = "service-sync"  // ms, the sync(s) one added service caused
+	peerServiceWall = "service-wall"  // ms, API write to the new ClusterIP in the kernel
+	peerRSS         = "rss"           // MiB, VmRSS once the full sync settled
+	peerPeak        = "peak-rss"      // MiB, VmHWM at the end
+)
+
+// overLimit is the Skip of a figure whose step was stopped at the time limit.
+const overLimit = "over the time limit"
+
+// notMeasured starts the Skip of a figure whose step came after one that
+// failed or ran out of time.
+const notMeasured = "not measured: "
+
+// PeerRecord is one figure of one proxy on one workload, or why it is missing.
+type PeerRecord struct {
+	Workload string  `json:"workload"`
+	Proxy    string  `json:"proxy"`
+	Metric   string  `json:"metric"`
+	Value    float64 `json:"value,omitempty"`
+	Syncs    int     `json:"syncs,omitempty"` // samples the step added to the histogram
+	Skip     string  `json:"skip,omitempty"`
+}
+
+// PeerWorkload describes a workload as it was served.
+type PeerWorkload struct {
+	Name      string `json:"name"`
+	Title     string `json:"title"`
+	Services  int    `json:"services"`
+	Endpoints int    `json:"endpoints"`
+	Slices    int    `json:"slices"`
+	CreateS   int    `json:"create_s"` // seconds to write it through the API
+}
+
+// PeerRun is what the peers phase measured; runs of some workloads or
+// proxies merge into the saved results, so the phase can run in pieces.
+type PeerRun struct {
+	Started   time.Time      `json:"started"`
+	Duration  string         `json:"duration"`
+	Quick     bool           `json:"quick"`
+	LimitMS   float64        `json:"limit_ms"` // a step's time limit
+	Load      []string       `json:"load,omitempty"`
+	Workloads []PeerWorkload `json:"workloads"`
+	Records   []PeerRecord   `json:"records"`
+}
+
+func (p *PeerRun) add(workload, proxy, metric string, v float64, syncs int) {
+	p.Records = append(p.Records, PeerRecord{Workload: workload, Proxy: proxy, Metric: metric,
+		Value: math.Round(v*1000) / 1000, Syncs: syncs})
+}
+
+func (p *PeerRun) skip(workload, proxy, metric, why string) {
+	p.Records = append(p.Records, PeerRecord{Workload: workload, Proxy: proxy, Metric: metric, Skip: why})
+}
+
+// limitText prints the time limit as "> 5 min".
+func (p *PeerRun) limitText() string {
+	if m := p.LimitMS / 60000; m == math.Trunc(m) {
+		return fmt.Sprintf("> %g min", m)
+	}
+	return "> " + fmtMS(p.LimitMS)
+}
+
+func (p *PeerRun) find(workload, proxy, metric string) *PeerRecord {
+	for i := range p.Records {
+		r := &p.Records[i]
+		if r.Workload == workload && r.Proxy == proxy && r.Metric == metric {
+			return r
+		}
+	}
+	return nil
+}
+
+// value returns a measured figure.
+func (p *PeerRun) value(workload, proxy, metric string) (float64, bool) {
+	r := p.find(workload, proxy, metric)
+	if r == nil || r.Skip != "" {
+		return 0, false
+	}
+	return r.Value, true
+}
+
+func (p *PeerRun) workload(name string) *PeerWorkload {
+	for i := range p.Workloads {
+		if p.Workloads[i].Name == name {
+			return &p.Workloads[i]
+		}
+	}
+	return nil
+}
+
+// mergePeers returns the new run's figures over the old ones: a (workload,
+// proxy) pair measured now replaces its old figures; the rest stay.
+func mergePeers(old, cur *PeerRun) *PeerRun {
+	if old == nil {
+		return cur
+	}
+	if cur == nil {
+		return old
+	}
+	out := *cur
+	measured := map[[2]string]bool{}
+	for _, r := range cur.Records {
+		measured[[2]string{r.Workload, r.Proxy}] = true
+	}
+	out.Records = slices.Clone(cur.Records)
+	for _, r := range old.Records {
+		if !measured[[2]string{r.Workload, r.Proxy}] {
+			out.Records = append(out.Records, r)
+		}
+	}
+	out.Workloads = slices.Clone(cur.Workloads)
+	for _, w := range old.Workloads {
+		if out.workload(w.Name) == nil {
+			out.Workloads = append(out.Workloads, w)
+		}
+	}
+	// Keep workloads in the order of workloadSpecs, so the page does not
+	// reorder with each partial run.
+	order := func(name string) int {
+		return slices.IndexFunc(workloadSpecs, func(s workloadSpec) bool { return s.name == name })
+	}
+	slices.SortStableFunc(out.Workloads, func(a, b PeerWorkload) int { return order(a.Name) - order(b.Name) })
+	return &out
+}
+
+// mergeResults keeps what a partial run did not measure: the older run's
+// other phases when this run measured none of them, and its peers figures
+// for the workloads and proxies this run left out.
+func mergeResults(old, cur *Results) *Results {
+	if old == nil {
+		return cur
+	}
+	out := *cur
+	if len(cur.Records) == 0 && len(cur.GoBench) == 0 {
+		peers := cur.Peers
+		out = *old
+		out.Peers = peers
+	}
+	out.Peers = mergePeers(old.Peers, cur.Peers)
+	return &out
+}

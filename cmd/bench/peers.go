@@ -1,0 +1,418 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/apiserver"
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// The peers phase: nftproxy against the real kube-proxy, each run alone in
+// a fresh network namespace against the same API server state.
+//
+// For each workload the phase starts a fresh etcd and kube-apiserver on
+// loopback and writes the workload through client-go. Then, one proxy at a
+// time, it makes a namespace, relays 127.0.0.1:PORT inside it to the API
+// server, starts the proxy there and measures three steps: the full sync at
+// start-up, one endpoint replaced, one service added. After each proxy it
+// puts the API state back, stops the proxy and deletes the namespace (its
+// rules go with it); after each workload it stops the API server.
+
+// Timing of the steps.
+const (
+	// scrapeEvery is how often /metrics is read while waiting for a sync.
+	scrapeEvery = 50 * time.Millisecond
+	// settle is how long the histogram must stay unchanged before a step
+	// counts as done: more than kube-proxy's and nftproxy's 1 s
+	// min-sync-period, so a sync the step caused late is still counted.
+	settle = 2 * time.Second
+)
+
+// peerEnv is what every proxy run of a workload shares.
+type peerEnv struct {
+	o        *options
+	bin      peerBinaries
+	tmp      string // kubeconfigs, logs, iptables link directories
+	cluster  *cluster
+	w        *workload
+	run      *PeerRun
+	runIndex int // counts proxy runs: each adds its own service and endpoint
+}
+
+func peersPhase(res *Results, o *options) error {
+	run := &PeerRun{Started: time.Now().UTC(), Quick: o.quick, LimitMS: ms(o.stepLimit), Load: []string{loadAverage()}}
+	res.Peers = run
+	start := time.Now()
+	defer func() {
+		run.Duration = time.Since(start).Round(time.Second).String()
+		run.Load = append(run.Load, loadAverage())
+	}()
+	bin, err := findPeerBinaries(o.nftproxy)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "nftproxy-bench-peers-")
+	if err != nil {
+		return fmt.Errorf("make scratch directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := iptablesLinks(filepath.Join(tmp, "links", "nft"), bin.nftMulti); err != nil {
+		return err
+	}
+	if err := iptablesLinks(filepath.Join(tmp, "links", "legacy"), bin.legacy); err != nil {
+		return err
+	}
+	env := &peerEnv{o: o, bin: bin, tmp: tmp, run: run}
+	for _, name := range o.workloads {
+		spec, _ := findWorkload(name)
+		if err := env.workload(spec); err != nil {
+			return fmt.Errorf("workload %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func findPeerBinaries(nftproxy string) (peerBinaries, error) {
+	b := peerBinaries{kubeProxy: filepath.Join(apiserver.DefaultBinDir(), "kube-proxy"), nftproxy: nftproxy}
+	if _, err := os.Stat(b.kubeProxy); err != nil {
+		return b, fmt.Errorf("find kube-proxy (make k8s-bins): %w", err)
+	}
+	if _, err := os.Stat(nftproxy); err != nil {
+		return b, fmt.Errorf("find nftproxy (make build): %w", err)
+	}
+	var err error
+	if b.nftMulti, err = exec.LookPath("xtables-nft-multi"); err != nil {
+		return b, fmt.Errorf("find iptables' nft backend (apt-get install iptables): %w", err)
+	}
+	if b.legacy, err = exec.LookPath("xtables-legacy-multi"); err != nil {
+		return b, fmt.Errorf("find iptables' legacy backend (apt-get install iptables): %w", err)
+	}
+	return b, nil
+}
+
+// proxiesFor returns the proxies to run on a workload: those of --proxies,
+// and of them only the workload's own when --proxies was not given.
+func proxiesFor(spec workloadSpec, proxies []string, explicit bool) []string {
+	if explicit || spec.proxies == nil {
+		return proxies
+	}
+	var out []string
+	for _, p := range proxies {
+		if slices.Contains(spec.proxies, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (e *peerEnv) workload(spec workloadSpec) error {
+	proxies := proxiesFor(spec, e.o.proxies, e.o.proxiesGiven)
+	if len(proxies) == 0 {
+		return nil
+	}
+	w := spec.generate()
+	services, nslices := w.objects()
+	info := PeerWorkload{Name: spec.name, Title: spec.title, Services: services, Endpoints: w.endpoints(), Slices: nslices}
+	logf("peers, %s: starting an API server, writing %d services and %d endpoint slices", spec.name, services, nslices)
+	ctx := context.Background()
+	c, err := startCluster(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	began := time.Now()
+	if err := c.load(ctx, w); err != nil {
+		return err
+	}
+	info.CreateS = int(time.Since(began).Seconds())
+	logf("peers, %s: written in %s", spec.name, time.Since(began).Round(time.Second))
+	e.run.Workloads = replaceWorkload(e.run.Workloads, info)
+	e.cluster, e.w = c, w
+	for _, proxy := range proxies {
+		logf("peers, %s: %s", spec.name, proxyTitle[proxy])
+		if err := e.proxy(ctx, proxy); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func replaceWorkload(ws []PeerWorkload, w PeerWorkload) []PeerWorkload {
+	for i := range ws {
+		if ws[i].Name == w.Name {
+			ws[i] = w
+			return ws
+		}
+	}
+	return append(ws, w)
+}
+
+// errStep is a step that did not finish in time or failed in the proxy: the
+// proxy's remaining figures are not measured, and the next proxy runs.
+type errStep struct {
+	metric string
+	reason string
+}
+
+func (e *errStep) Error() string { return e.metric + ": " + e.reason }
+
+// proxy measures one proxy on the current workload and records its figures.
+// An error is returned only when the API state could not be prepared or put
+// back; a proxy that fails or runs out of time is recorded as such.
+func (e *peerEnv) proxy(ctx context.Context, proxy string) error {
+	k := e.runIndex
+	e.runIndex++
+	// The service step's EndpointSlice is there before the proxy starts, so
+	// that the step is the Service alone and no sync for a slice without
+	// its service runs into it.
+	if err := e.cluster.createAddedSlice(ctx, k); err != nil {
+		return err
+	}
+	err := e.measureProxy(ctx, proxy, k)
+	var step *errStep
+	if errors.As(err, &step) {
+		logf("  %s", step)
+		for _, m := range []string{peerStart, peerFullSync, peerRSS, peerEndpointWal, peerEndpoint, peerServiceWall, peerService, peerPeak} {
+			if e.run.find(e.w.spec.name, proxy, m) == nil {
+				if m == step.metric || (m == peerStart && step.metric == peerFullSync) {
+					rec := PeerRecord{Workload: e.w.spec.name, Proxy: proxy, Metric: m, Skip: step.reason}
+					if step.reason == overLimit {
+						rec.Value = ms(e.o.stepLimit)
+					}
+					e.run.Records = append(e.run.Records, rec)
+					continue
+				}
+				e.run.skip(e.w.spec.name, proxy, m, notMeasured+step.metric+" "+step.reason)
+			}
+		}
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	// Put the API state back for the next proxy.
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	i := e.w.stepService()
+	eps := e.w.services[i].endpoints
+	if _, err := e.cluster.replaceEndpoint(rctx, e.w, i, eps[len(eps)-1], func() {}); err != nil {
+		return err
+	}
+	return e.cluster.removeAdded(rctx, k)
+}
+
+func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) (err error) {
+	ns, err := netns.Create(nsPrefix)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, ns.Close()) }()
+	u, err := url.Parse(e.cluster.srv.URL)
+	if err != nil {
+		return fmt.Errorf("parse API server address: %w", err)
+	}
+	r, err := startRelay(ns, u.Host)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
+	if err := relayKubeconfig(e.cluster.srv.Kubeconfig, r.addr, kubeconfig); err != nil {
+		return err
+	}
+	args, pathDir := proxyCommand(proxy, e.bin, kubeconfig, filepath.Join(e.tmp, "links"))
+	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s-%s.log", e.w.spec.name, proxy))
+	p, err := startProxy(proxyTitle[proxy], ns, args, pathDir, logPath)
+	if err != nil {
+		return err
+	}
+	killed := false
+	defer func() { p.stop(killed) }()
+	m := &stepper{env: e, p: p, ns: ns, proxy: proxy, limit: e.o.stepLimit}
+	err = m.steps(ctx, k)
+	var step *errStep
+	if errors.As(err, &step) && step.reason == overLimit {
+		killed = true
+	}
+	return err
+}
+
+// stepper runs the three steps of one proxy.
+type stepper struct {
+	env   *peerEnv
+	p     *proxyProcess
+	ns    *netns.NS
+	proxy string
+	limit time.Duration
+}
+
+func (s *stepper) record(metric string, v float64, syncs int) {
+	s.env.run.add(s.env.w.spec.name, s.proxy, metric, v, syncs)
+}
+
+func (s *stepper) steps(ctx context.Context, k int) error {
+	w := s.env.w
+	began := time.Now()
+	// Full sync: the first sample of the histogram, with any that ended in
+	// the same scrape interval.
+	first, at, err := s.waitSync(ctx, histogram{}, peerFullSync, began)
+	if err != nil {
+		return err
+	}
+	s.record(peerStart, ms(at.Sub(began)), 0)
+	s.record(peerFullSync, first.sum*1000, first.count)
+	base, err := s.settle(ctx, first, peerFullSync, time.Now())
+	if err != nil {
+		return err
+	}
+	rss, _, err := s.p.memory()
+	if err != nil {
+		return err
+	}
+	s.record(peerRSS, rss, 0)
+
+	// One endpoint replaced.
+	i := w.stepService()
+	addr := replacementEndpoint(k)
+	var t0 time.Time
+	watch, err := s.watch(kernelChange{addr: addr.As4(), text: "--to-destination " + netip.AddrPortFrom(addr, endpointPort).String()})
+	if err != nil {
+		return err
+	}
+	if _, err := s.env.cluster.replaceEndpoint(ctx, w, i, addr, func() { t0 = time.Now() }); err != nil {
+		watch.close()
+		return err
+	}
+	if base, err = s.change(ctx, watch, base, t0, peerEndpoint, peerEndpointWal); err != nil {
+		return err
+	}
+	// One service added (its EndpointSlice is already there).
+	ip := addedClusterIP(k)
+	if watch, err = s.watch(kernelChange{addr: ip.As4(), text: "-d " + ip.String() + "/32"}); err != nil {
+		return err
+	}
+	t0 = time.Now()
+	if err := s.env.cluster.createAddedService(ctx, k); err != nil {
+		watch.close()
+		return err
+	}
+	if _, err = s.change(ctx, watch, base, t0, peerService, peerServiceWall); err != nil {
+		return err
+	}
+	_, peak, err := s.p.memory()
+	if err != nil {
+		return err
+	}
+	s.record(peerPeak, peak, 0)
+	return nil
+}
+
+// watch opens the kernel watch of the proxy's kind.
+func (s *stepper) watch(c kernelChange) (kernelWatch, error) {
+	if s.proxy == proxyKubeLegacy {
+		return watchSave(s.ns, "iptables-legacy-save", c), nil
+	}
+	return watchNft(s.ns, c)
+}
+
+// change times one step: the wall time from t0 (just before the API write)
+// to the change in the kernel, and the syncs the histogram gained until it
+// settled.
+func (s *stepper) change(ctx context.Context, watch kernelWatch, base histogram, t0 time.Time, syncMetric, wallMetric string) (histogram, error) {
+	wctx, cancel := context.WithDeadline(ctx, t0.Add(s.limit))
+	at, err := watch.seen(wctx)
+	cancel()
+	watch.close()
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return base, &errStep{metric: wallMetric, reason: overLimit}
+		}
+		return base, err
+	}
+	s.record(wallMetric, ms(at.Sub(t0)), 0)
+	after, err := s.settleAfter(ctx, base, syncMetric)
+	if err != nil {
+		return base, err
+	}
+	d := after.sub(base)
+	s.record(syncMetric, d.sum*1000, d.count)
+	return after, nil
+}
+
+// settleAfter waits for at least one sync after base, then for the
+// histogram to settle.
+func (s *stepper) settleAfter(ctx context.Context, base histogram, metric string) (histogram, error) {
+	began := time.Now()
+	h, _, err := s.waitSync(ctx, base, metric, began)
+	if err != nil {
+		return base, err
+	}
+	return s.settle(ctx, h, metric, time.Now())
+}
+
+// waitSync scrapes until the histogram counts more than base, and returns
+// it and when it was seen.
+func (s *stepper) waitSync(ctx context.Context, base histogram, metric string, began time.Time) (histogram, time.Time, error) {
+	for {
+		h, ok, err := s.scrape(ctx, metric)
+		if err != nil {
+			return histogram{}, time.Time{}, err
+		}
+		if ok && h.count > base.count {
+			return h, time.Now(), nil
+		}
+		if err := s.pause(ctx, metric, began); err != nil {
+			return histogram{}, time.Time{}, err
+		}
+	}
+}
+
+// settle scrapes until the histogram has not changed for the settle time,
+// and returns it.
+func (s *stepper) settle(ctx context.Context, last histogram, metric string, began time.Time) (histogram, error) {
+	since := time.Now()
+	for time.Since(since) < settle {
+		if err := s.pause(ctx, metric, began); err != nil {
+			return last, err
+		}
+		h, ok, err := s.scrape(ctx, metric)
+		if err != nil {
+			return last, err
+		}
+		if ok && h.count != last.count {
+			last, since = h, time.Now()
+		}
+	}
+	return last, nil
+}
+
+// scrape reads the histogram; ok is false when /metrics did not answer (a
+// proxy that has not opened its port yet, or too busy to answer in time).
+func (s *stepper) scrape(ctx context.Context, metric string) (h histogram, ok bool, err error) {
+	if s.p.exited() {
+		return h, false, &errStep{metric: metric, reason: "the proxy exited: " + firstLines(s.p.logTail(5), 5)}
+	}
+	h, err = s.p.scrape(ctx)
+	return h, err == nil, nil
+}
+
+func (s *stepper) pause(ctx context.Context, metric string, began time.Time) error {
+	if time.Since(began) > s.limit {
+		return &errStep{metric: metric, reason: overLimit}
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(scrapeEvery):
+		return nil
+	}
+}

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"path/filepath"
+	"strings"
+)
+
+// The issue's ratios: nftproxy's figure over the fastest kube-proxy mode's.
+var peerTargets = []struct {
+	metric, title string
+	limit         float64
+}{
+	{peerFullSync, "full sync", 0.1},
+	{peerEndpoint, "one-endpoint-change sync", 0.01},
+	{peerEndpointWal, "endpoint change, API write to kernel", 0.01},
+	{peerServiceWall, "service add, API write to kernel", 0.02},
+}
+
+// peerColumns are the per-workload table's figures, in order.
+var peerColumns = []struct {
+	metric, title string
+	format        func(float64) string
+}{
+	{peerStart, "start to synced", fmtMS},
+	{peerFullSync, "full sync", fmtMS},
+	{peerEndpoint, "endpoint replaced: sync", fmtMS},
+	{peerEndpointWal, "… API write to kernel", fmtMS},
+	{peerService, "service added: sync", fmtMS},
+	{peerServiceWall, "… API write to kernel", fmtMS},
+	{peerRSS, "RSS", fmtMiB},
+	{peerPeak, "peak RSS", fmtMiB},
+}
+
+// peerPlotGroups are the bars of a workload's plot.
+var peerPlotGroups = []struct{ metric, label string }{
+	{peerFullSync, "full sync"},
+	{peerEndpoint, "endpoint: sync"},
+	{peerEndpointWal, "endpoint: wall"},
+	{peerService, "service: sync"},
+	{peerServiceWall, "service: wall"},
+}
+
+func peerPlotFile(workload string) string { return "bench-peers-" + workload + ".png" }
+
+// cell prints a figure, "> 5 min" for a step stopped at the limit, "failed"
+// for one that failed, "–" when not run.
+func (p *PeerRun) cell(workload, proxy, metric string, format func(float64) string) string {
+	r := p.find(workload, proxy, metric)
+	switch {
+	case r == nil:
+		return "–"
+	case r.Skip == overLimit:
+		return p.limitText()
+	case strings.HasPrefix(r.Skip, notMeasured):
+		return "not run"
+	case r.Skip != "":
+		return "failed¹"
+	case r.Syncs > 1:
+		return fmt.Sprintf("%s (%d syncs)", format(r.Value), r.Syncs)
+	default:
+		return format(r.Value)
+	}
+}
+
+// fastestKube returns the smallest figure of kube-proxy's modes and which
+// mode had it. A mode stopped at the limit counts as the limit, a lower
+// bound (over is then true when no mode finished).
+func (p *PeerRun) fastestKube(workload, metric string, limitMS float64) (v float64, mode string, over, ok bool) {
+	v = math.Inf(1)
+	for _, kp := range kubeProxies {
+		r := p.find(workload, kp, metric)
+		switch {
+		case r == nil:
+		case r.Skip == overLimit:
+			if math.IsInf(v, 1) {
+				v, mode, over, ok = limitMS, kp, true, true
+			}
+		case r.Skip == "":
+			if r.Value < v || over {
+				v, mode, over, ok = r.Value, kp, false, true
+			}
+		}
+	}
+	return v, mode, over, ok
+}
+
+// ratio prints nftproxy's figure over the fastest kube-proxy mode's, with
+// both figures, and whether it meets limit.
+func (p *PeerRun) ratio(workload, metric string, limit float64) (text string, verdict string) {
+	own, ok := p.value(workload, proxyNftproxy, metric)
+	if !ok {
+		return "–", ""
+	}
+	kp, mode, over, ok := p.fastestKube(workload, metric, p.LimitMS)
+	if !ok || kp <= 0 {
+		return "–", ""
+	}
+	r := own / kp
+	lt := ""
+	if over {
+		lt = "< "
+	}
+	text = fmt.Sprintf("%s%.3g (%s / %s%s, %s)", lt, r, fmtMS(own), lt2(over), fmtMS(kp), shortProxy(mode))
+	verdict = "met"
+	if r > limit {
+		verdict = "**missed**"
+	}
+	return text, verdict
+}
+
+func lt2(over bool) string {
+	if over {
+		return "> "
+	}
+	return ""
+}
+
+func shortProxy(p string) string {
+	return strings.TrimPrefix(proxyTitle[p], "kube-proxy ")
+}
+
+func (r *Results) writePeers(b *strings.Builder) {
+	p := r.Peers
+	if p == nil || len(p.Workloads) == 0 {
+		return
+	}
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	w("## Against kube-proxy\n\n")
+	w("`go run ./cmd/bench --phases peers` (part of `make bench`; `--workloads` and `--proxies` run it in pieces, each piece merged into the results) ran on %s%s and took %s (load average %s). ",
+		p.Started.Format("2006-01-02 15:04 UTC"), map[bool]string{true: " with `--quick`", false: ""}[p.Quick], p.Duration, strings.Join(p.Load, " before, ")+" after")
+	w("For each workload a fresh etcd and kube-apiserver %s (on 127.0.0.1) get the workload written through client-go: Services with their ClusterIPs, EndpointSlices of at most %d ready endpoints written directly (managed-by `%s`, so no controller touches them), addresses in 10.0.0.0/8 that no packet ever goes to, and a Node. ",
+		"v1.36.3", sliceSize, benchManagedBy)
+	w("Then each proxy runs alone in a fresh network namespace, reaching the API server through a relay the bench listens with inside the namespace (the root namespace gets no interface, address or rule): kube-proxy v1.36.3 with `--proxy-mode=nftables`, with `--proxy-mode=iptables` and `iptables` on its PATH linked to `xtables-nft-multi` (the nft backend) or to `xtables-legacy-multi`, and `nftproxy run --kubeconfig`. ")
+	w("Every proxy gets a sync period of an hour (no periodic resync in the window) and keeps its default 1 s min-sync-period; kube-proxy leaves conntrack sysctls alone (`--conntrack-max-per-core=0`).\n\n")
+	w("- **full sync** and the **sync** columns are the proxy's own `%s` (kube-proxy's IPv4 series; it runs an IPv6 proxier beside it): the first sample for the full sync, and what the step added until the histogram stood still for %s for the others (a cell says so when that was more than one sync).\n", syncMetric, settle)
+	w("- **API write to kernel** runs from just before the client-go write (the EndpointSlice update with one address replaced; the Service create, its EndpointSlice written before the proxy started) to the moment the change is in the kernel: for the nf_tables proxies the namespace's nf_tables notification (`NFNLGRP_NFTABLES`) that names the new address, which the kernel sends as it commits the batch; for iptables-legacy, which has no notifications, the first `iptables-legacy-save -t nat` that shows the new rule (polled back to back, so the figure is late by up to one save).\n")
+	w("- **start to synced** is from exec to the first sample seen (scraped every %s); **RSS** is VmRSS once the full sync settled, **peak RSS** VmHWM after the last step.\n", scrapeEvery)
+	w("- A proxy that has not finished a step after %s is reported `%s` and killed; its later steps are not run. Everything (namespace, API server, etcd data) is removed afterwards.\n\n", fmtMS(p.LimitMS), p.limitText())
+
+	w("### nftproxy against the fastest kube-proxy mode\n\n")
+	w("Each cell: nftproxy's figure over the fastest kube-proxy mode's for that figure (the issue's limit in the header), with both figures and the mode. A mode stopped at the time limit counts as the limit, so a ratio against it is an upper bound (`<`).\n\n")
+	t := &table{head: []string{"workload"}}
+	for _, tg := range peerTargets {
+		t.head = append(t.head, fmt.Sprintf("%s (≤ %g×)", tg.title, tg.limit))
+	}
+	for _, wl := range p.Workloads {
+		row := []string{wl.Name}
+		for _, tg := range peerTargets {
+			text, verdict := p.ratio(wl.Name, tg.metric, tg.limit)
+			if verdict != "" {
+				text += " " + verdict
+			}
+			row = append(row, text)
+		}
+		t.rows = append(t.rows, row)
+	}
+	t.write(b)
+
+	r.writePeerScaling(w, b)
+
+	var failures []string
+	for _, wl := range p.Workloads {
+		w("### %s\n\n", wl.Title)
+		w("%d services, %d endpoints, %d EndpointSlices, written in %d s.\n\n", wl.Services, wl.Endpoints, wl.Slices, wl.CreateS)
+		t := &table{head: []string{"proxy"}}
+		for _, c := range peerColumns {
+			t.head = append(t.head, c.title)
+		}
+		for _, proxy := range allProxies {
+			row := []string{proxyTitle[proxy]}
+			any := false
+			for _, c := range peerColumns {
+				row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
+				if rec := p.find(wl.Name, proxy, c.metric); rec != nil {
+					any = true
+					if rec.Skip != "" && rec.Skip != overLimit && !strings.HasPrefix(rec.Skip, notMeasured) {
+						failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, rec.Skip))
+					}
+				}
+			}
+			if any {
+				t.rows = append(t.rows, row)
+			}
+		}
+		row := []string{"nftproxy / fastest kube-proxy"}
+		for _, c := range peerColumns {
+			own, ok := p.value(wl.Name, proxyNftproxy, c.metric)
+			kp, _, over, ok2 := p.fastestKube(wl.Name, c.metric, p.LimitMS)
+			switch {
+			case !ok || !ok2 || kp <= 0:
+				row = append(row, "–")
+			case over:
+				row = append(row, fmt.Sprintf("< %.3g", own/kp))
+			default:
+				row = append(row, fmt.Sprintf("%.3g", own/kp))
+			}
+		}
+		t.rows = append(t.rows, row)
+		t.write(b)
+		w("![%s](%s)\n\n", wl.Title, peerPlotFile(wl.Name))
+	}
+	if len(failures) > 0 {
+		w("¹ Failed:\n\n")
+		for _, f := range failures {
+			w("- %s\n", f)
+		}
+		w("\n")
+	}
+}
+
+// writePeerScaling prints nftproxy's endpoint change against the number of
+// services (3 endpoints each).
+func (r *Results) writePeerScaling(w func(string, ...any), b *strings.Builder) {
+	p := r.Peers
+	var rows [][]string
+	var base float64
+	for _, name := range []string{"1kx3", "10kx3", "30kx3", "100kx3"} {
+		wl := p.workload(name)
+		sync, ok := p.value(name, proxyNftproxy, peerEndpoint)
+		if wl == nil || !ok {
+			continue
+		}
+		wall, _ := p.value(name, proxyNftproxy, peerEndpointWal)
+		rel := "–"
+		if name == "10kx3" {
+			base = sync
+		}
+		if base > 0 {
+			rel = fmt.Sprintf("%.2f", sync/base)
+		}
+		rows = append(rows, []string{fmt.Sprint(wl.Services), fmtMS(sync), fmtMS(wall), rel})
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("### nftproxy: one endpoint replaced, by the number of services\n\n")
+	w("The issue asks for at most 2 ms at 10,000 services × 3 endpoints and the same within 20%% at 30,000 and 100,000.\n\n")
+	t := &table{head: []string{"services (× 3 endpoints)", "sync", "API write to kernel", "sync / 10k sync"}, rows: rows}
+	t.write(b)
+}
+
+// writePeerPlots draws one bar chart per workload.
+func (r *Results) writePeerPlots(dir string) error {
+	p := r.Peers
+	if p == nil {
+		return nil
+	}
+	for _, wl := range p.Workloads {
+		c := barChart{title: fmt.Sprintf("%s: %d services, %d endpoints", wl.Name, wl.Services, wl.Endpoints), yLabel: "time", yFormat: msLabel, w: 1240}
+		for _, g := range peerPlotGroups {
+			c.groups = append(c.groups, g.label)
+		}
+		for _, proxy := range allProxies {
+			s := barSeries{name: proxyTitle[proxy]}
+			rgb := proxyColor[proxy]
+			s.color = color.RGBA{rgb.R, rgb.G, rgb.B, 255}
+			measured := false
+			for _, g := range peerPlotGroups {
+				rec := p.find(wl.Name, proxy, g.metric)
+				switch {
+				case rec != nil && rec.Skip == overLimit:
+					s.ys, s.open = append(s.ys, p.LimitMS), append(s.open, true)
+					measured = true
+				case rec != nil && rec.Skip == "":
+					s.ys, s.open = append(s.ys, rec.Value), append(s.open, false)
+					measured = true
+				default:
+					s.ys, s.open = append(s.ys, math.NaN()), append(s.open, false)
+				}
+			}
+			if measured {
+				c.bars = append(c.bars, s)
+			}
+		}
+		if err := writePNG(filepath.Join(dir, peerPlotFile(wl.Name)), c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// syncMetric is the histogram both proxies observe each sync into, under
+// kube-proxy's name.
+const syncMetric = "kubeproxy_sync_proxy_rules_duration_seconds"
+
+// histogram is the _sum and _count of a histogram in Prometheus' text format.
+type histogram struct {
+	sum   float64 // seconds
+	count int
+}
+
+// sub returns what was observed between prev and h.
+func (h histogram) sub(prev histogram) histogram {
+	return histogram{sum: h.sum - prev.sum, count: h.count - prev.count}
+}
+
+// parseHistogram reads the _sum and _count of the histogram name from a
+// /metrics page. kube-proxy labels its series with ip_family and runs a
+// proxier per family; only the IPv4 series count, as the workloads are
+// IPv4. A series without that label (nftproxy's, which syncs both families
+// at once) counts whole. A histogram vector has no series before its first
+// observation, so an absent histogram reads as empty.
+func parseHistogram(page, name string) (histogram, error) {
+	var h histogram
+	for line := range strings.Lines(page) {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		series, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		metric, labels, _ := strings.Cut(series, "{")
+		if strings.Contains(labels, `ip_family=`) && !strings.Contains(labels, `ip_family="ipv4"`) {
+			continue
+		}
+		// A sample may carry a timestamp after the value.
+		value, _, _ = strings.Cut(strings.TrimSpace(value), " ")
+		switch metric {
+		case name + "_sum":
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				return h, fmt.Errorf("parse %s: %w", metric, err)
+			}
+			h.sum += v
+		case name + "_count":
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				return h, fmt.Errorf("parse %s: %w", metric, err)
+			}
+			h.count += int(v)
+		}
+	}
+	return h, nil
+}
+
+// parseProcStatus reads the kB fields of a /proc/PID/status page.
+func parseProcStatus(page string) map[string]int {
+	out := map[string]int{}
+	for line := range strings.Lines(page) {
+		k, v, ok := strings.Cut(line, ":")
+		if v, unit := strings.CutSuffix(strings.TrimSpace(v), " kB"); ok && unit {
+			if n, err := strconv.Atoi(v); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	return out
+}
