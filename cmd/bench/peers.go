@@ -56,7 +56,7 @@ func peersPhase(res *Results, o *options) error {
 		run.Duration = time.Since(start).Round(time.Second).String()
 		run.Load = append(run.Load, loadAverage())
 	}()
-	bin, err := findPeerBinaries(o.nftproxy)
+	bin, err := findPeerBinaries(o.nftproxy, slices.ContainsFunc(o.proxies, func(p string) bool { return p != proxyNftproxy }))
 	if err != nil {
 		return err
 	}
@@ -81,9 +81,9 @@ func peersPhase(res *Results, o *options) error {
 	return nil
 }
 
-func findPeerBinaries(nftproxy string) (peerBinaries, error) {
+func findPeerBinaries(nftproxy string, kubeProxy bool) (peerBinaries, error) {
 	b := peerBinaries{kubeProxy: filepath.Join(apiserver.DefaultBinDir(), "kube-proxy"), nftproxy: nftproxy}
-	if _, err := os.Stat(b.kubeProxy); err != nil {
+	if _, err := os.Stat(b.kubeProxy); err != nil && kubeProxy {
 		return b, fmt.Errorf("find kube-proxy (make k8s-bins): %w", err)
 	}
 	if _, err := os.Stat(nftproxy); err != nil {

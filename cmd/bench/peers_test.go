@@ -137,15 +137,15 @@ func TestSlices(t *testing.T) {
 
 const kubeProxyMetrics = `# HELP kubeproxy_sync_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds
 # TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="ipv4",le="0.001"} 0
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="ipv4",le="+Inf"} 2
-kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="ipv4"} 18.25
-kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="ipv4"} 2
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="ipv6",le="+Inf"} 3
-kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="ipv6"} 0.03
-kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="ipv6"} 3
-kubeproxy_sync_full_proxy_rules_duration_seconds_sum{ip_family="ipv4"} 99
-kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="ipv4"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 0
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 2
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 18.25
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 3
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.03
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 3
+kubeproxy_sync_full_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 99
+kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1
 `
 
 const nftproxyMetrics = `# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram

@@ -39,7 +39,8 @@ func parseHistogram(page, name string) (histogram, error) {
 			continue
 		}
 		metric, labels, _ := strings.Cut(series, "{")
-		if strings.Contains(labels, `ip_family=`) && !strings.Contains(labels, `ip_family="ipv4"`) {
+		// kube-proxy writes "IPv4"; compare without case.
+		if l := strings.ToLower(labels); strings.Contains(l, `ip_family=`) && !strings.Contains(l, `ip_family="ipv4"`) {
 			continue
 		}
 		// A sample may carry a timestamp after the value.
