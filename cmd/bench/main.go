@@ -22,16 +22,17 @@ type options struct {
 	render         string
 	results        string
 	nftproxy       string
-	iptNftSync     int           // largest size iptables-nft-restore loads in full
-	iptNftFull     int           // largest size iptables-nft-restore full-table updates are timed at
-	iptNftPartial  int           // largest size its partial updates are timed at
-	samples        int           // connect samples per target
-	daemonMax      int           // largest size the daemon is started at
-	daemonProfiles string        // where heap profiles of the daemon go; none when empty
-	workloads      []string      // the peers phase's workloads
-	proxies        []string      // the peers phase's proxies
-	proxiesGiven   bool          // --proxies was set: run them on every workload
-	stepLimit      time.Duration // a proxy's step stopped after this long
+	iptNftSync     int            // largest size iptables-nft-restore loads in full
+	iptNftFull     int            // largest size iptables-nft-restore full-table updates are timed at
+	iptNftPartial  int            // largest size its partial updates are timed at
+	samples        int            // connect samples per target
+	daemonMax      int            // largest size the daemon is started at
+	daemonProfiles string         // where heap profiles of the daemon go; none when empty
+	workloads      []string       // the peers phase's workloads
+	proxies        []string       // the peers phase's proxies
+	proxiesGiven   bool           // --proxies was set: run them on every workload
+	stepLimit      time.Duration  // a proxy's step stopped after this long
+	checkpoint     func(*Results) // saves what was measured so far
 
 	childSync     int
 	childNetns    string
@@ -106,16 +107,24 @@ func run(args []string) error {
 	if _, err := netns.CleanupStale(nsPrefix); err != nil {
 		logf("removing stale namespaces: %v", err)
 	}
+	// A run of some phases, workloads or proxies keeps the saved figures of
+	// the others; the peers phase saves after each workload, so a run cut
+	// short keeps what it finished.
+	path := o.results
+	old, lerr := loadResults(path)
+	if lerr != nil {
+		old = nil
+	}
+	o.checkpoint = func(res *Results) {
+		if err := mergeResults(old, res).save(path); err != nil {
+			logf("saving results: %v", err)
+		}
+	}
 	res, err := measure(&o)
 	if res == nil {
 		return err
 	}
-	path := o.results
-	// A run of some phases, workloads or proxies keeps the saved figures of
-	// the others.
-	if old, lerr := loadResults(path); lerr == nil {
-		res = mergeResults(old, res)
-	}
+	res = mergeResults(old, res)
 	if serr := res.save(path); serr != nil {
 		return errors.Join(err, serr)
 	}

@@ -77,6 +77,9 @@ func peersPhase(res *Results, o *options) error {
 		if err := env.workload(spec); err != nil {
 			return fmt.Errorf("workload %s: %w", name, err)
 		}
+		if o.checkpoint != nil {
+			o.checkpoint(res)
+		}
 	}
 	return nil
 }
