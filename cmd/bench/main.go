@@ -108,7 +108,7 @@ func run(args []string) error {
 		logf("removing stale namespaces: %v", err)
 	}
 	// A run of some phases, workloads or proxies keeps the saved figures of
-	// the others; the peers phase saves after each workload, so a run cut
+	// the others; the peers phase saves after each proxy, so a run cut
 	// short keeps what it finished.
 	path := o.results
 	old, lerr := loadResults(path)

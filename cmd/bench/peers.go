@@ -74,11 +74,12 @@ func peersPhase(res *Results, o *options) error {
 	env := &peerEnv{o: o, bin: bin, tmp: tmp, run: run}
 	for _, name := range o.workloads {
 		spec, _ := findWorkload(name)
-		if err := env.workload(spec); err != nil {
+		if err := env.workload(spec, func() {
+			if o.checkpoint != nil {
+				o.checkpoint(res)
+			}
+		}); err != nil {
 			return fmt.Errorf("workload %s: %w", name, err)
-		}
-		if o.checkpoint != nil {
-			o.checkpoint(res)
 		}
 	}
 	return nil
@@ -117,7 +118,8 @@ func proxiesFor(spec workloadSpec, proxies []string, explicit bool) []string {
 	return out
 }
 
-func (e *peerEnv) workload(spec workloadSpec) error {
+// workload measures every proxy on spec, calling saved after each.
+func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 	proxies := proxiesFor(spec, e.o.proxies, e.o.proxiesGiven)
 	if len(proxies) == 0 {
 		return nil
@@ -145,6 +147,7 @@ func (e *peerEnv) workload(spec workloadSpec) error {
 		if err := e.proxy(ctx, proxy); err != nil {
 			return err
 		}
+		saved()
 	}
 	return nil
 }
