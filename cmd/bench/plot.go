@@ -102,7 +102,12 @@ func writePNG(path string, panels ...panel) error {
 	if hasTarget {
 		entries++
 	}
-	perRow := max(1, w/340)
+	// Columns as wide as the longest legend entry (line, gap, text).
+	longest := 0
+	for _, s := range legend {
+		longest = max(longest, textWidth(s.name, textScale))
+	}
+	perRow := max(1, w/max(340, longest+60))
 	rows := (entries + perRow - 1) / perRow
 	h := panelH + rows*lineHeight*textScale + 20
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
