@@ -129,7 +129,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 	}
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	w("## Against kube-proxy\n\n")
-	w("`go run ./cmd/bench --phases peers` (part of `make bench`; `--workloads` and `--proxies` run it in pieces, each piece merged into the results) ran on %s%s and took %s (load average %s). ",
+	w("`go run ./cmd/bench --phases peers` (part of `make bench`; `--workloads` and `--proxies` run it in pieces, each piece merged into the results, so figures of one table may come from different pieces; the last piece ran on %s%s and took %s, load average %s). ",
 		p.Started.Format("2006-01-02 15:04 UTC"), map[bool]string{true: " with `--quick`", false: ""}[p.Quick], p.Duration, strings.Join(p.Load, " before, ")+" after")
 	w("For each workload a fresh etcd and kube-apiserver %s (on 127.0.0.1) get the workload written through client-go: Services with their ClusterIPs, EndpointSlices of at most %d ready endpoints written directly (managed-by `%s`, so no controller touches them), addresses in 10.0.0.0/8 that no packet ever goes to, and a Node. ",
 		"v1.36.3", sliceSize, benchManagedBy)
