@@ -439,6 +439,12 @@ func (c *compiler) baseChains() []*m.Chain {
 	dropMarked := m.Rule{Exprs: []m.Expr{m.MatchMark{Mask: markDrop, IsSet: true}, m.Verdict{Kind: m.Drop}}}
 	dropInvalid := m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
+	input := []m.Rule{dropMarked}
+	output := []m.Rule{dropMarked, jump(chainEndpointsCheck)}
+	if guard, ok := c.localnetGuard(); ok {
+		input = append([]m.Rule{guard}, input...)
+		output = append([]m.Rule{guard}, output...)
+	}
 	return []*m.Chain{
 		// Load-balancer source ranges at -110, before DNAT rewrites the
 		// load balancer's address.
@@ -453,10 +459,29 @@ func (c *compiler) baseChains() []*m.Chain {
 		// port without endpoints is refused even where no route leads to
 		// its address: only packets nothing rewrote still carry it.
 		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
-		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, dropMarked),
+		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, input...),
 		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked),
-		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, dropMarked, jump(chainEndpointsCheck)),
+		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
 	}
+}
+
+// localnetGuard is kube-proxy's rule against CVE-2020-8558: with
+// route_localnet set (--localhost-nodeports), a neighbour could reach the
+// node's 127.0.0.1 services with a frame addressed to the node. Drop packets
+// to 127.0.0.0/8 that come from elsewhere, unless they belong to a
+// connection that is established, related or DNATed (a localhost NodePort).
+func (c *compiler) localnetGuard() (m.Rule, bool) {
+	if !c.cfg.LocalhostNodePorts || c.cfg.Family != m.IPv4 {
+		return m.Rule{}, false
+	}
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	return m.Rule{Exprs: []m.Expr{
+		m.MatchPrefix{Field: m.FieldDaddr, Prefix: loopback},
+		m.MatchPrefix{Field: m.FieldSaddr, Prefix: loopback, Negate: true},
+		m.MatchCtStateEstablished{Negate: true},
+		m.MatchCtStatusDNAT{Negate: true},
+		m.Verdict{Kind: m.Drop},
+	}, Comment: "block incoming localnet connections"}, true
 }
 
 func (c *compiler) nodePortMatch() [][]m.Expr {
