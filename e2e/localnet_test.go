@@ -132,3 +132,72 @@ func TestLocalhostGuard(t *testing.T) {
 		}
 	})
 }
+
+// TestPrimaryNodePorts: by default NodePorts answer only on the node's
+// primary address (kube-proxy's nftables mode default, "primary"): the node's
+// address answers, a secondary address on the same interface refuses. The
+// reference kube-proxy in nftables mode runs the same way and must agree.
+func TestPrimaryNodePorts(t *testing.T) {
+	if binary == "" {
+		t.Skip("needs root and network namespaces: " + netns.Usable())
+	}
+	const nodePort = 30080
+	const vip = "10.96.0.78"
+	secondary := netip.MustParseAddr("192.168.77.50")
+	setup := func(t *testing.T) *netns.Topology {
+		topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2p", Pods: 1})
+		if _, err := topo.Pods[0].ServeName("tcp", 8080); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := topo.Node.IP("addr", "add", secondary.String()+"/24", "dev", netns.NodeUplink); err != nil {
+			t.Fatal(err)
+		}
+		return topo
+	}
+	check := func(t *testing.T, topo *netns.Topology, who string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		primary := netip.AddrPortFrom(topo.NodeAddr, nodePort)
+		clusterEventually(ctx, t, who+": NodePort on the primary address", func() error {
+			_, err := topo.Client.AskTCP(ctx, primary)
+			return err
+		})
+		if got, err := topo.Client.AskTCP(ctx, netip.AddrPortFrom(secondary, nodePort)); !clusterRefused(err) {
+			t.Errorf("%s: NodePort on the secondary address %s answered %q (error %v), want it refused", who, secondary, got, err)
+		}
+	}
+
+	t.Run("NFTProxy", func(t *testing.T) {
+		topo := setup(t)
+		dir := t.TempDir()
+		manifest := svcSpec{name: "web", clusterIP: vip, port: 80, nodePort: nodePort, endpoints: []string{topo.Pods[0].Addr.String()}}.yaml()
+		if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d, err := Start(topo.Node, binary, "--manifests", dir, "--hostname-override", clusterNode, "--node-ip", topo.NodeAddr.String(),
+			"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = d.Stop()
+			if t.Failed() {
+				t.Logf("nftproxy log:\n%s", d.Log())
+			}
+		})
+		if err := d.WaitSynced(t.Context(), 1); err != nil {
+			t.Fatal(err)
+		}
+		check(t, topo, "nftproxy")
+	})
+
+	t.Run("KubeProxy", func(t *testing.T) {
+		kubeProxyBinary(t)
+		env := newClusterEnv(t)
+		topo := setup(t)
+		env.createNodePortService(t.Context(), t, "e2e-primary", "web", vip, nodePort, topo.Pods[0].Addr.String())
+		startKubeProxy(t, env, topo.Node, "mode: nftables\nclusterCIDR: 10.244.0.0/16\n"+
+			"conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n")
+		check(t, topo, "kube-proxy")
+	})
+}

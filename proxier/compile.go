@@ -19,8 +19,17 @@ type Config struct {
 	// MasqueradeAll masquerades all traffic to ClusterIPs.
 	MasqueradeAll bool
 	// NodePortAddresses limits NodePorts to local addresses in these
-	// prefixes; empty means every local address but loopback.
+	// prefixes. A family with none of them (or with 0.0.0.0/0, ::/0) serves
+	// NodePorts on every local address but loopback, as kube-proxy does.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary serves NodePorts only on the node's primary address
+	// of each family (kube-proxy's "primary", its nftables mode's default):
+	// BindAddress when it is of the family, else the Node's first address
+	// of the family. A family without one serves every local address.
+	NodePortPrimary bool
+	// BindAddress is kube-proxy's bindAddress: when not unspecified, the
+	// primary address of its family.
+	BindAddress netip.Addr
 	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 too, as
 	// kube-proxy's iptables mode does (the daemon sets route_localnet).
 	LocalhostNodePorts bool
@@ -484,22 +493,61 @@ func (c *compiler) localnetGuard() (m.Rule, bool) {
 	}, Comment: "block incoming localnet connections"}, true
 }
 
+// nodePortPrefixes are the destinations NodePorts answer on in the compiled
+// family; nil means every local address.
+func (c *compiler) nodePortPrefixes() []netip.Prefix {
+	if c.cfg.NodePortPrimary {
+		if a := c.primaryAddr(); a.IsValid() && !a.IsLoopback() {
+			return []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}
+		}
+		return nil
+	}
+	var out []netip.Prefix
+	for _, p := range c.cfg.NodePortAddresses {
+		if !c.cfg.inFamily(p) {
+			continue
+		}
+		if p.Bits() == 0 {
+			return nil
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
+// primaryAddr is the node's primary address of the compiled family, as
+// kube-proxy picks it: bindAddress, else the Node's first address.
+func (c *compiler) primaryAddr() netip.Addr {
+	if c.cfg.addrInFamily(c.cfg.BindAddress) && !c.cfg.BindAddress.IsUnspecified() {
+		return c.cfg.BindAddress
+	}
+	for _, a := range c.node.Addrs {
+		if c.cfg.addrInFamily(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
 func (c *compiler) nodePortMatch() [][]m.Expr {
-	if len(c.cfg.NodePortAddresses) == 0 {
-		if c.cfg.LocalhostNodePorts && c.cfg.Family == m.IPv4 {
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	localhost := c.cfg.LocalhostNodePorts && c.cfg.Family == m.IPv4
+	prefixes := c.nodePortPrefixes()
+	if len(prefixes) == 0 {
+		if localhost {
 			return [][]m.Expr{{m.MatchFibDaddrLocal{}}}
 		}
-		loopback := netip.MustParsePrefix("127.0.0.0/8")
 		if c.cfg.Family == m.IPv6 {
 			loopback = netip.MustParsePrefix("::1/128")
 		}
 		return [][]m.Expr{{m.MatchPrefix{Field: m.FieldDaddr, Prefix: loopback, Negate: true}, m.MatchFibDaddrLocal{}}}
 	}
+	if localhost && !slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Overlaps(loopback) }) {
+		prefixes = append(prefixes, loopback)
+	}
 	var out [][]m.Expr
-	for _, p := range c.cfg.NodePortAddresses {
-		if c.cfg.inFamily(p) {
-			out = append(out, []m.Expr{m.MatchFibDaddrLocal{}, m.MatchPrefix{Field: m.FieldDaddr, Prefix: p}})
-		}
+	for _, p := range prefixes {
+		out = append(out, []m.Expr{m.MatchFibDaddrLocal{}, m.MatchPrefix{Field: m.FieldDaddr, Prefix: p}})
 	}
 	return out
 }

@@ -97,6 +97,18 @@ func goldenCases() []goldenCase {
 		{name: "nodeport-addresses", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
 			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs,
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("fd77::/64")}}},
+		{name: "nodeport-primary", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg:  Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true, LocalhostNodePorts: true},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("fd77::1"), netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.50")}}},
+		{name: "nodeport-primary-bind-address", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true,
+				BindAddress: netip.MustParseAddr("192.168.77.50")},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1")}}},
+		{name: "nodeport-primary-unknown", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080), dualStack)},
+			cfg:  Config{Family: m.IPv6, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1")}}},
+		{name: "nodeport-addresses-other-family", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080), dualStack)},
+			cfg: Config{Family: m.IPv6, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}}},
 		{name: "loadbalancer-externalip", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080), func(sp *k8s.ServicePort) {
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.77.100")}
 			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.168.77.200")}

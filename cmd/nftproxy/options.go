@@ -25,6 +25,7 @@ type options struct {
 	nodeIPs            string
 	clusterCIDRs       string
 	nodePortAddresses  string
+	bindAddress        string
 	masqueradeAll      bool
 	serviceCIDRs       string
 	localhostNodePorts bool
@@ -49,7 +50,8 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.hostnameOverride, "hostname-override", "", "name of this node (default: the hostname)")
 	fs.StringVar(&o.nodeIPs, "node-ip", "", "this node's addresses, one per family, comma-separated, when there is no Node object")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidr", "", "pod CIDRs, one per family, comma-separated: ClusterIP traffic from outside is masqueraded")
-	fs.StringVar(&o.nodePortAddresses, "nodeport-addresses", "", "CIDRs of the local addresses NodePorts answer on, comma-separated (default: all local addresses)")
+	fs.StringVar(&o.nodePortAddresses, "nodeport-addresses", "primary", "CIDRs of the local addresses NodePorts answer on, comma-separated (a family without any: every local address), or 'primary': the node's primary address of each family, as kube-proxy's nftables mode")
+	fs.StringVar(&o.bindAddress, "bind-address", "0.0.0.0", "the node's primary address of its family when not 0.0.0.0 or ::, as kube-proxy's --bind-address")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "masquerade all traffic to service addresses")
 	fs.StringVar(&o.serviceCIDRs, "service-cidr", "", "ranges ClusterIPs come from, comma-separated: traffic to an unallocated address in them is dropped")
 	fs.BoolVar(&o.localhostNodePorts, "localhost-nodeports", false, "serve IPv4 NodePorts on 127.0.0.1 too (sets route_localnet), as kube-proxy's iptables mode does")
@@ -150,9 +152,16 @@ func (o *options) compileConfigs() ([]proxier.Config, error) {
 		return nil, err
 	}
 	var npAddrs []netip.Prefix
-	if o.nodePortAddresses != "" && o.nodePortAddresses != "primary" {
+	primary := o.nodePortAddresses == "" || o.nodePortAddresses == "primary"
+	if !primary {
 		if npAddrs, err = parsePrefixes("--nodeport-addresses", o.nodePortAddresses); err != nil {
 			return nil, err
+		}
+	}
+	var bind netip.Addr
+	if o.bindAddress != "" {
+		if bind, err = netip.ParseAddr(o.bindAddress); err != nil {
+			return nil, fmt.Errorf("parse --bind-address: %w", err)
 		}
 	}
 	serviceCIDRs, err := parsePrefixes("--service-cidr", o.serviceCIDRs)
@@ -162,7 +171,8 @@ func (o *options) compileConfigs() ([]proxier.Config, error) {
 	var out []proxier.Config
 	for _, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
 		out = append(out, proxier.Config{Family: f, ClusterCIDRs: clusterCIDRs, MasqueradeAll: o.masqueradeAll,
-			NodePortAddresses: npAddrs, ServiceCIDRs: serviceCIDRs, LocalhostNodePorts: o.localhostNodePorts})
+			NodePortAddresses: npAddrs, NodePortPrimary: primary, BindAddress: bind,
+			ServiceCIDRs: serviceCIDRs, LocalhostNodePorts: o.localhostNodePorts})
 	}
 	return out, nil
 }
