@@ -36,6 +36,31 @@ type Config struct {
 	// ServiceCIDRs are the ranges ClusterIPs come from: traffic to an
 	// address in them that no service has is dropped.
 	ServiceCIDRs []netip.Prefix
+	// MasqueradeBit is the bit of the packet mark that asks for masquerade
+	// (kube-proxy's masqueradeBit); 0 means 14, kube-proxy's default.
+	MasqueradeBit int
+	// DetectLocal says how traffic from this cluster's pods is told apart:
+	// it is not masqueraded on its way to a ClusterIP.
+	DetectLocal DetectLocal
+	// DropInvalid drops forwarded packets conntrack calls invalid, as
+	// kube-proxy's iptables mode does unless nf_conntrack_tcp_be_liberal is set.
+	DropInvalid bool
+}
+
+// Detect-local modes, kube-proxy's detectLocalMode values.
+const (
+	LocalClusterCIDR         = "ClusterCIDR"         // source in ClusterCIDRs (the default)
+	LocalNodeCIDR            = "NodeCIDR"            // source in the Node's spec.podCIDRs
+	LocalBridgeInterface     = "BridgeInterface"     // arriving on the pod bridge
+	LocalInterfaceNamePrefix = "InterfaceNamePrefix" // arriving on an interface with the pods' prefix
+	LocalNone                = "None"                // no traffic is local: none is masqueraded for it
+)
+
+// DetectLocal is kube-proxy's detectLocalMode and detectLocal settings.
+type DetectLocal struct {
+	Mode string // one of the Local* modes; empty means ClusterCIDR
+	// BridgeInterface or InterfaceNamePrefix, for those modes.
+	Interface string
 }
 
 func (c Config) inFamily(p netip.Prefix) bool { return p.Addr().Is4() == (c.Family == m.IPv4) }
@@ -445,11 +470,15 @@ func (c *compiler) baseChains() []*m.Chain {
 	base := func(name string, t m.ChainType, h m.Hook, prio int32, rules ...m.Rule) *m.Chain {
 		return &m.Chain{Name: name, Base: &m.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
-	dropMarked := m.Rule{Exprs: []m.Expr{m.MatchMark{Mask: markDrop, IsSet: true}, m.Verdict{Kind: m.Drop}}}
-	dropInvalid := m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}}
+	// No drop of the 0x8000 mark: kube-proxy v1.36 has none in any mode
+	// (kubelet's KUBE-MARK-DROP is gone), so the bit may mean something else.
+	var forward []m.Rule
+	if c.cfg.DropInvalid {
+		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
+	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
-	input := []m.Rule{dropMarked}
-	output := []m.Rule{dropMarked, jump(chainEndpointsCheck)}
+	var input []m.Rule
+	output := []m.Rule{jump(chainEndpointsCheck)}
 	if guard, ok := c.localnetGuard(); ok {
 		input = append([]m.Rule{guard}, input...)
 		output = append([]m.Rule{guard}, output...)
@@ -469,7 +498,7 @@ func (c *compiler) baseChains() []*m.Chain {
 		// its address: only packets nothing rewrote still carry it.
 		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
 		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, input...),
-		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked),
+		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, forward...),
 		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
 	}
 }
@@ -578,15 +607,15 @@ func (c *compiler) fixedChains() []*m.Chain {
 	}
 	return []*m.Chain{
 		services,
-		{Name: chainMarkForMasquerade, Rules: []m.Rule{{Exprs: []m.Expr{m.MarkOr{Bits: markMasquerade}}}}},
+		{Name: chainMarkForMasquerade, Rules: []m.Rule{{Exprs: []m.Expr{m.MarkOr{Bits: c.masqueradeMark()}}}}},
 		{Name: chainMasquerading, Rules: []m.Rule{
 			// Hairpin: an endpoint that reached itself through a service must
 			// see the reply come from elsewhere, or it would answer itself.
 			{Exprs: []m.Expr{m.MatchCtStatusDNAT{}, m.MatchSet{Key: []m.Field{m.FieldSaddr, m.FieldDaddr}, Set: setHairpin},
 				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
-			{Exprs: []m.Expr{m.MatchMark{Mask: markMasquerade}, m.Verdict{Kind: m.Return}}},
+			{Exprs: []m.Expr{m.MatchMark{Mask: c.masqueradeMark()}, m.Verdict{Kind: m.Return}}},
 			// Clear the bit so a packet that is routed again is not re-marked.
-			{Exprs: []m.Expr{m.MarkXor{Bits: markMasquerade}}},
+			{Exprs: []m.Expr{m.MarkXor{Bits: c.masqueradeMark()}}},
 			{Exprs: []m.Expr{m.Masquerade{FullyRandom: true}}},
 		}},
 		check,
@@ -628,17 +657,49 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 	return ch
 }
 
+// masqueradeMark is the mark bit that asks for masquerade.
+func (c *compiler) masqueradeMark() uint32 {
+	if c.cfg.MasqueradeBit == 0 {
+		return markMasquerade
+	}
+	return 1 << c.cfg.MasqueradeBit
+}
+
+// localTraffic matches traffic from this cluster's pods as the detect-local
+// mode says (negate: traffic from anywhere else); ok is false when the mode
+// knows no local traffic for the compiled family.
+func (c *compiler) localTraffic(negate bool) ([]m.Expr, bool) {
+	prefix := func(ps []netip.Prefix) ([]m.Expr, bool) {
+		for _, p := range ps {
+			if c.cfg.inFamily(p) {
+				return []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked(), Negate: negate}}, true
+			}
+		}
+		return nil, false
+	}
+	switch c.cfg.DetectLocal.Mode {
+	case "", LocalClusterCIDR:
+		return prefix(c.cfg.ClusterCIDRs)
+	case LocalNodeCIDR:
+		return prefix(c.node.PodCIDRs)
+	case LocalBridgeInterface:
+		return []m.Expr{m.MatchIifname{Name: c.cfg.DetectLocal.Interface, Negate: negate}}, true
+	case LocalInterfaceNamePrefix:
+		return []m.Expr{m.MatchIifname{Name: c.cfg.DetectLocal.Interface + "*", Negate: negate}}, true
+	}
+	return nil, false
+}
+
 // clusterMasquerade is the rule that marks ClusterIP traffic for masquerade:
-// everything with --masquerade-all, else what comes from outside the cluster.
+// everything with --masquerade-all, else what does not come from the
+// cluster's pods, as the detect-local mode tells them.
 func (c *compiler) clusterMasquerade() (m.Rule, bool) {
 	if c.cfg.MasqueradeAll {
 		return jump(chainMarkForMasquerade), true
 	}
-	for _, p := range c.cfg.ClusterCIDRs {
-		if c.cfg.inFamily(p) {
-			return m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked(), Negate: true},
-				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}}, true
-		}
+	match, ok := c.localTraffic(true)
+	if !ok {
+		return m.Rule{}, false
 	}
-	return m.Rule{}, false
+	return m.Rule{Exprs: append(match, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade})}, true
 }
