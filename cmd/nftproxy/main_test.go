@@ -2,7 +2,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,5 +206,40 @@ func TestDumpAndExplainExamples(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("explain lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestProxyModeAndConfigz(t *testing.T) {
+	o := loadConfig(t, "kind: KubeProxyConfiguration\nmode: nftables\nclusterCIDR: 10.244.0.0/16\nnftables:\n  masqueradeBit: 13\n")
+	mux := http.NewServeMux()
+	addStatusHandlers(mux, &o)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got := get("/proxyMode"); got != "nftables" {
+		t.Errorf("/proxyMode = %q", got)
+	}
+	var configz map[string]struct {
+		Mode        string `json:"mode"`
+		ClusterCIDR string `json:"clusterCIDR"`
+		NFTables    struct {
+			MasqueradeBit int `json:"masqueradeBit"`
+		} `json:"nftables"`
+	}
+	body := get("/configz")
+	if err := json.Unmarshal([]byte(body), &configz); err != nil {
+		t.Fatal(err)
+	}
+	c := configz["kubeproxy.config.k8s.io"]
+	if c.Mode != "nftables" || c.ClusterCIDR != "10.244.0.0/16" || c.NFTables.MasqueradeBit != 13 {
+		t.Errorf("/configz = %s", body)
 	}
 }

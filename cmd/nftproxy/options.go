@@ -473,6 +473,21 @@ func splitList(s string) []string {
 // (mode nftables) to --write-config-to, as kube-proxy's flag does, and
 // returns: the file can be given back with --config.
 func writeConfig(o *options, log *zap.Logger) error {
+	c := effectiveConfig(o)
+	data, err := yaml.Marshal(&c)
+	if err != nil {
+		return fmt.Errorf("encode configuration: %w", err)
+	}
+	if err := os.WriteFile(o.writeConfigTo, data, 0o644); err != nil {
+		return fmt.Errorf("write configuration: %w", err)
+	}
+	log.Info("Wrote configuration", zap.String("file", o.writeConfigTo))
+	return nil
+}
+
+// effectiveConfig is the configuration in use, as a KubeProxyConfiguration
+// (mode nftables): what --write-config-to writes and /configz serves.
+func effectiveConfig(o *options) kubeProxyConfiguration {
 	dur := func(d time.Duration) *string { s := d.String(); return &s }
 	var c kubeProxyConfiguration
 	c.APIVersion, c.Kind, c.Mode = "kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration", "nftables"
@@ -494,13 +509,5 @@ func writeConfig(o *options, log *zap.Logger) error {
 	c.Conntrack.TCPBeLiberal = o.ct.tcpBeLiberal
 	c.Conntrack.UDPTimeout, c.Conntrack.UDPStreamTimeout = dur(o.ct.udpTimeout), dur(o.ct.udpStream)
 	c.ConfigSyncPeriod = dur(o.configSyncPeriod)
-	data, err := yaml.Marshal(&c)
-	if err != nil {
-		return fmt.Errorf("encode configuration: %w", err)
-	}
-	if err := os.WriteFile(o.writeConfigTo, data, 0o644); err != nil {
-		return fmt.Errorf("write configuration: %w", err)
-	}
-	log.Info("Wrote configuration", zap.String("file", o.writeConfigTo))
-	return nil
+	return c
 }

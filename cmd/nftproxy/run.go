@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -64,6 +65,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	addStatusHandlers(metricsMux, o)
 	if o.profiling {
 		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
 		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -172,6 +174,20 @@ func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.
 	synced := k8s.RunInformersResync(ctx, client, tracker.NodeName(), o.configSyncPeriod, tracker, log)
 	log.Info("Waiting for informers to sync")
 	return k8s.WaitForSync(ctx, synced)
+}
+
+// addStatusHandlers serves kube-proxy's /proxyMode and /configz beside
+// /metrics: the mode, and the configuration in use under its group's name.
+func addStatusHandlers(mux *http.ServeMux, o *options) {
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprint(w, "nftables")
+	})
+	configz := map[string]kubeProxyConfiguration{"kubeproxy.config.k8s.io": effectiveConfig(o)}
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(configz)
+	})
 }
 
 // serve listens on addr (nothing when empty) and serves mux until ctx ends.
