@@ -37,11 +37,11 @@ func kubeProxyBinary(t *testing.T) string {
 	return bin
 }
 
-// startKubeProxy runs the reference kube-proxy in ns against env's API
+// startReferenceKubeProxy runs the reference kube-proxy in ns against env's API
 // server (through a relay in ns) with config, a KubeProxyConfiguration body
 // without apiVersion, kind and clientConnection; it waits for kube-proxy's
 // /healthz to answer 200, which it does after its first sync.
-func startKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config string) *Daemon {
+func startReferenceKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config string) *Daemon {
 	t.Helper()
 	bin := kubeProxyBinary(t)
 	u, err := url.Parse(env.srv.URL)

@@ -124,7 +124,7 @@ func TestLocalhostGuard(t *testing.T) {
 		env.createNodePortService(t.Context(), t, "e2e-localnet", "web", vip, nodePort, topo.Pods[0].Addr.String())
 		// iptables mode sets route_localnet itself: localhostNodePorts is on
 		// by default and the default nodePortAddresses include 127.0.0.1.
-		startKubeProxy(t, env, topo.Node, "mode: iptables\nclusterCIDR: 10.244.0.0/16\n"+
+		startReferenceKubeProxy(t, env, topo.Node, "mode: iptables\nclusterCIDR: 10.244.0.0/16\n"+
 			"conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n")
 		localNodePort(t, topo)
 		if f := probe(); f != 0 {
@@ -196,7 +196,7 @@ func TestPrimaryNodePorts(t *testing.T) {
 		env := newClusterEnv(t)
 		topo := setup(t)
 		env.createNodePortService(t.Context(), t, "e2e-primary", "web", vip, nodePort, topo.Pods[0].Addr.String())
-		startKubeProxy(t, env, topo.Node, "mode: nftables\nclusterCIDR: 10.244.0.0/16\n"+
+		startReferenceKubeProxy(t, env, topo.Node, "mode: nftables\nclusterCIDR: 10.244.0.0/16\n"+
 			"conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n")
 		check(t, topo, "kube-proxy")
 	})

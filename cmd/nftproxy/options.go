@@ -509,5 +509,6 @@ func effectiveConfig(o *options) kubeProxyConfiguration {
 	c.Conntrack.TCPBeLiberal = o.ct.tcpBeLiberal
 	c.Conntrack.UDPTimeout, c.Conntrack.UDPStreamTimeout = dur(o.ct.udpTimeout), dur(o.ct.udpStream)
 	c.ConfigSyncPeriod = dur(o.configSyncPeriod)
+	c.CleanupKubeProxy = &o.cleanupKubeProxy
 	return c
 }
