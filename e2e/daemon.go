@@ -41,14 +41,20 @@ type Daemon struct {
 
 // Start runs `nftproxy run args...` inside ns (through `ip netns exec`).
 func Start(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
+	return StartCommand(ns, binary, append([]string{"run"}, args...)...)
+}
+
+// StartCommand runs any program inside ns (the reference kube-proxy, or
+// nftproxy with a subcommand of its own), collecting its log like Start.
+func StartCommand(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
 	d := &Daemon{ns: ns, done: make(chan struct{})}
-	d.cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name(), binary, "run"}, args...)...)
+	d.cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name(), binary}, args...)...)
 	d.cmd.Stdout = d
 	d.cmd.Stderr = d
 	// The daemon must not outlive the test or demo that started it.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start nftproxy: %w", err)
+		return nil, fmt.Errorf("start %s: %w", binary, err)
 	}
 	go func() { _ = d.cmd.Wait(); close(d.done) }()
 	return d, nil

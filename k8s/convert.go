@@ -507,6 +507,14 @@ func NodeFrom(node *v1.Node) (Node, []error) {
 			}
 		}
 	}
+	for i, c := range node.Spec.PodCIDRs {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			p.add(fmt.Sprintf("spec.podCIDRs[%d]", i), "pod CIDR", err)
+			continue
+		}
+		out.PodCIDRs = append(out.PodCIDRs, pfx.Masked())
+	}
 	return out, p.errs
 }
 

@@ -42,11 +42,17 @@ func proxiedSelector() string {
 // has listed and the tracker has received everything listed: apply nothing
 // before, or the first sync would remove every service (see WaitForSync).
 func RunInformers(ctx context.Context, client kubernetes.Interface, nodeName string, tracker *Tracker, log *zap.Logger) (synced func() bool) {
+	return RunInformersResync(ctx, client, nodeName, 0, tracker, log)
+}
+
+// RunInformersResync is RunInformers with the informers' resync period
+// (kube-proxy's configSyncPeriod; 0: none).
+func RunInformersResync(ctx context.Context, client kubernetes.Interface, nodeName string, resync time.Duration, tracker *Tracker, log *zap.Logger) (synced func() bool) {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	selector := proxiedSelector()
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(slim))
 

@@ -86,10 +86,12 @@ type ServicePort struct {
 
 // Node is what the proxier knows about the node it runs on.
 type Node struct {
-	Name   string
-	Addrs  []netip.Addr
-	Zone   string
-	Labels map[string]string
+	Name  string
+	Addrs []netip.Addr
+	// PodCIDRs are the Node's spec.podCIDRs (detectLocalMode NodeCIDR).
+	PodCIDRs []netip.Prefix
+	Zone     string
+	Labels   map[string]string
 	// Deleting is the Node object's deletionTimestamp; zero while it is not
 	// being deleted.
 	Deleting time.Time

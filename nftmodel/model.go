@@ -124,8 +124,20 @@ type MatchFibSaddrLocal struct{}
 // MatchCtStateInvalid matches packets conntrack considers invalid.
 type MatchCtStateInvalid struct{}
 
-// MatchCtStatusDNAT matches packets of connections that were DNATed.
-type MatchCtStatusDNAT struct{}
+// MatchCtStatusDNAT matches packets of connections that were DNATed (with
+// Negate, of connections that were not).
+type MatchCtStatusDNAT struct{ Negate bool }
+
+// MatchCtStateEstablished matches packets of established or related
+// connections (with Negate, of the others: new and invalid ones).
+type MatchCtStateEstablished struct{ Negate bool }
+
+// MatchIifname matches the name of the interface the packet came in on; a
+// Name ending in "*" matches every name with that prefix.
+type MatchIifname struct {
+	Name   string
+	Negate bool
+}
 
 // MatchSet matches when the concatenation of Key is an element of the named set.
 type MatchSet struct {
@@ -198,24 +210,26 @@ type Verdict struct {
 	Chain string // for Jump and Goto
 }
 
-func (MatchPrefix) isExpr()         {}
-func (MatchL4Proto) isExpr()        {}
-func (MatchMark) isExpr()           {}
-func (MatchFibDaddrLocal) isExpr()  {}
-func (MatchFibSaddrLocal) isExpr()  {}
-func (UpdateSet) isExpr()           {}
-func (MatchCtStateInvalid) isExpr() {}
-func (MatchCtStatusDNAT) isExpr()   {}
-func (MatchSet) isExpr()            {}
-func (VerdictMap) isExpr()          {}
-func (NumgenGoto) isExpr()          {}
-func (MarkOr) isExpr()              {}
-func (MarkXor) isExpr()             {}
-func (DNATMap) isExpr()             {}
-func (DNAT) isExpr()                {}
-func (Masquerade) isExpr()          {}
-func (Reject) isExpr()              {}
-func (Verdict) isExpr()             {}
+func (MatchPrefix) isExpr()             {}
+func (MatchL4Proto) isExpr()            {}
+func (MatchMark) isExpr()               {}
+func (MatchFibDaddrLocal) isExpr()      {}
+func (MatchFibSaddrLocal) isExpr()      {}
+func (UpdateSet) isExpr()               {}
+func (MatchCtStateInvalid) isExpr()     {}
+func (MatchCtStatusDNAT) isExpr()       {}
+func (MatchCtStateEstablished) isExpr() {}
+func (MatchIifname) isExpr()            {}
+func (MatchSet) isExpr()                {}
+func (VerdictMap) isExpr()              {}
+func (NumgenGoto) isExpr()              {}
+func (MarkOr) isExpr()                  {}
+func (MarkXor) isExpr()                 {}
+func (DNATMap) isExpr()                 {}
+func (DNAT) isExpr()                    {}
+func (Masquerade) isExpr()              {}
+func (Reject) isExpr()                  {}
+func (Verdict) isExpr()                 {}
 
 // DataType is the type of one part of a set key or map value.
 type DataType uint8

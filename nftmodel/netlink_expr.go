@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -23,6 +24,7 @@ var hostEndian = binary.NativeEndian
 const (
 	rtnLocal        = 2    // RTN_LOCAL, the fib address type of a local address
 	ctStatusDNAT    = 0x20 // IPS_DST_NAT
+	ifNameSize      = 16   // IFNAMSIZ
 	icmpPortUnreach = 3    // ICMP_PORT_UNREACH
 	icmp6PortUnr    = 4    // ICMPV6_PORT_UNREACH
 )
@@ -157,6 +159,26 @@ func matchPrefix(f Family, m MatchPrefix) []expr.Any {
 	}
 }
 
+// matchIifname compares the input interface's name as nft does: a whole
+// name with its NUL padding to IFNAMSIZ, a "prefix*" with the prefix's bytes
+// only.
+func matchIifname(m MatchIifname) ([]expr.Any, error) {
+	op := expr.CmpOpEq
+	if m.Negate {
+		op = expr.CmpOpNeq
+	}
+	name, wildcard := strings.CutSuffix(m.Name, "*")
+	if name == "" || len(name) >= ifNameSize || strings.ContainsAny(name, `*\"`) {
+		return nil, fmt.Errorf("translate iifname match: bad interface name %q", m.Name)
+	}
+	data := []byte(name)
+	if !wildcard {
+		data = make([]byte, ifNameSize)
+		copy(data, name)
+	}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, cmpReg(op, data)}, nil
+}
+
 // prefixMask returns the netmask of p as bytes.
 func prefixMask(p netip.Prefix) []byte {
 	b := make([]byte, p.Addr().BitLen()/8)
@@ -219,7 +241,16 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)
 		case MatchCtStatusDNAT:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATUS})
-			out = append(out, bitTest(ctStatusDNAT, true)...)
+			out = append(out, bitTest(ctStatusDNAT, !e.Negate)...)
+		case MatchCtStateEstablished:
+			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
+			out = append(out, bitTest(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, !e.Negate)...)
+		case MatchIifname:
+			x, err := matchIifname(e)
+			if err != nil {
+				return nil, nil, err
+			}
+			out = append(out, x...)
 		case MatchSet:
 			out = append(out, loadKey(f, e.Key)...)
 			out = append(out, &expr.Lookup{SourceRegister: 1, SetName: e.Set})

@@ -312,7 +312,21 @@ func renderExpr(f Family, e Expr) string {
 	case MatchCtStateInvalid:
 		return "ct state invalid"
 	case MatchCtStatusDNAT:
+		if e.Negate {
+			return "ct status ! dnat"
+		}
 		return "ct status dnat"
+	case MatchCtStateEstablished:
+		if e.Negate {
+			return "ct state ! established,related"
+		}
+		return "ct state established,related"
+	case MatchIifname:
+		op := ""
+		if e.Negate {
+			op = "!= "
+		}
+		return fmt.Sprintf("iifname %s%q", op, e.Name)
 	case MatchSet:
 		return fmt.Sprintf("%s @%s", fieldsName(f, e.Key), e.Set)
 	case VerdictMap:

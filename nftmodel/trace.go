@@ -22,6 +22,9 @@ type Packet struct {
 	// node sends itself.
 	Hook Hook
 	Mark uint32
+	// Iif is the name of the interface the packet arrives on (empty for a
+	// packet the node sends).
+	Iif string
 }
 
 // Verdicts of a traced packet.
@@ -91,6 +94,7 @@ func Trace(rs *Ruleset, p Packet) Outcome {
 		chains: make(map[string]*Chain, len(rs.Chains)),
 		sets:   make(map[string]*Set, len(rs.Sets)),
 		local:  p.Local,
+		iif:    p.Iif,
 		entry:  p.Hook,
 		budget: maxRuleEvaluations,
 	}
@@ -134,6 +138,7 @@ type tracer struct {
 	chains   map[string]*Chain
 	sets     map[string]*Set
 	local    func(netip.Addr) bool
+	iif      string
 	entry    Hook
 	budget   int
 	steps    []string
@@ -176,6 +181,22 @@ func (w *walk) clone() *walk {
 }
 
 func (t *tracer) isLocal(a netip.Addr) bool { return t.local != nil && t.local(a) }
+
+// iifMatches compares the input interface with an iifname pattern. A packet
+// the node sends has no input interface until it comes back over loopback.
+func (t *tracer) iifMatches(w *walk, pattern string) bool {
+	iif := t.iif
+	if t.entry == HookOutput {
+		iif = ""
+		if w.stage.loopback {
+			iif = "lo"
+		}
+	}
+	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
+		return iif != "" && strings.HasPrefix(iif, prefix)
+	}
+	return iif == pattern
+}
 
 func (t *tracer) step(w *walk, s string) {
 	if len(w.choices) > 0 {
@@ -475,7 +496,16 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}
 		case MatchCtStatusDNAT:
-			if !w.dnat.IsValid() {
+			if w.dnat.IsValid() == e.Negate {
+				return action{kind: actNoMatch}
+			}
+		case MatchCtStateEstablished:
+			// The first packet of a connection is new.
+			if !e.Negate {
+				return action{kind: actNoMatch}
+			}
+		case MatchIifname:
+			if t.iifMatches(w, e.Name) == e.Negate {
 				return action{kind: actNoMatch}
 			}
 		case MatchSet:

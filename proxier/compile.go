@@ -19,14 +19,48 @@ type Config struct {
 	// MasqueradeAll masquerades all traffic to ClusterIPs.
 	MasqueradeAll bool
 	// NodePortAddresses limits NodePorts to local addresses in these
-	// prefixes; empty means every local address but loopback.
+	// prefixes. A family with none of them (or with 0.0.0.0/0, ::/0) serves
+	// NodePorts on every local address but loopback, as kube-proxy does.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary serves NodePorts only on the node's primary address
+	// of each family (kube-proxy's "primary", its nftables mode's default):
+	// BindAddress when it is of the family, else the Node's first address
+	// of the family. A family without one serves every local address.
+	NodePortPrimary bool
+	// BindAddress is kube-proxy's bindAddress: when not unspecified, the
+	// primary address of its family.
+	BindAddress netip.Addr
 	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 too, as
 	// kube-proxy's iptables mode does (the daemon sets route_localnet).
 	LocalhostNodePorts bool
 	// ServiceCIDRs are the ranges ClusterIPs come from: traffic to an
 	// address in them that no service has is dropped.
 	ServiceCIDRs []netip.Prefix
+	// MasqueradeBit is the bit of the packet mark that asks for masquerade
+	// (kube-proxy's masqueradeBit); 0 means 14, kube-proxy's default.
+	MasqueradeBit int
+	// DetectLocal says how traffic from this cluster's pods is told apart:
+	// it is not masqueraded on its way to a ClusterIP.
+	DetectLocal DetectLocal
+	// DropInvalid drops forwarded packets conntrack calls invalid, as
+	// kube-proxy's iptables mode does unless nf_conntrack_tcp_be_liberal is set.
+	DropInvalid bool
+}
+
+// Detect-local modes, kube-proxy's detectLocalMode values.
+const (
+	LocalClusterCIDR         = "ClusterCIDR"         // source in ClusterCIDRs (the default)
+	LocalNodeCIDR            = "NodeCIDR"            // source in the Node's spec.podCIDRs
+	LocalBridgeInterface     = "BridgeInterface"     // arriving on the pod bridge
+	LocalInterfaceNamePrefix = "InterfaceNamePrefix" // arriving on an interface with the pods' prefix
+	LocalNone                = "None"                // no traffic is local: none is masqueraded for it
+)
+
+// DetectLocal is kube-proxy's detectLocalMode and detectLocal settings.
+type DetectLocal struct {
+	Mode string // one of the Local* modes; empty means ClusterCIDR
+	// BridgeInterface or InterfaceNamePrefix, for those modes.
+	Interface string
 }
 
 func (c Config) inFamily(p netip.Prefix) bool { return p.Addr().Is4() == (c.Family == m.IPv4) }
@@ -436,9 +470,19 @@ func (c *compiler) baseChains() []*m.Chain {
 	base := func(name string, t m.ChainType, h m.Hook, prio int32, rules ...m.Rule) *m.Chain {
 		return &m.Chain{Name: name, Base: &m.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
-	dropMarked := m.Rule{Exprs: []m.Expr{m.MatchMark{Mask: markDrop, IsSet: true}, m.Verdict{Kind: m.Drop}}}
-	dropInvalid := m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}}
+	// No drop of the 0x8000 mark: kube-proxy v1.36 has none in any mode
+	// (kubelet's KUBE-MARK-DROP is gone), so the bit may mean something else.
+	var forward []m.Rule
+	if c.cfg.DropInvalid {
+		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
+	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
+	var input []m.Rule
+	output := []m.Rule{jump(chainEndpointsCheck)}
+	if guard, ok := c.localnetGuard(); ok {
+		input = append([]m.Rule{guard}, input...)
+		output = append([]m.Rule{guard}, output...)
+	}
 	return []*m.Chain{
 		// Load-balancer source ranges at -110, before DNAT rewrites the
 		// load balancer's address.
@@ -453,28 +497,86 @@ func (c *compiler) baseChains() []*m.Chain {
 		// port without endpoints is refused even where no route leads to
 		// its address: only packets nothing rewrote still carry it.
 		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
-		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, dropMarked),
-		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, dropInvalid, dropMarked),
-		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, dropMarked, jump(chainEndpointsCheck)),
+		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, input...),
+		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, forward...),
+		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
 	}
 }
 
+// localnetGuard is kube-proxy's rule against CVE-2020-8558: with
+// route_localnet set (--localhost-nodeports), a neighbour could reach the
+// node's 127.0.0.1 services with a frame addressed to the node. Drop packets
+// to 127.0.0.0/8 that come from elsewhere, unless they belong to a
+// connection that is established, related or DNATed (a localhost NodePort).
+func (c *compiler) localnetGuard() (m.Rule, bool) {
+	if !c.cfg.LocalhostNodePorts || c.cfg.Family != m.IPv4 {
+		return m.Rule{}, false
+	}
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	return m.Rule{Exprs: []m.Expr{
+		m.MatchPrefix{Field: m.FieldDaddr, Prefix: loopback},
+		m.MatchPrefix{Field: m.FieldSaddr, Prefix: loopback, Negate: true},
+		m.MatchCtStateEstablished{Negate: true},
+		m.MatchCtStatusDNAT{Negate: true},
+		m.Verdict{Kind: m.Drop},
+	}, Comment: "block incoming localnet connections"}, true
+}
+
+// nodePortPrefixes are the destinations NodePorts answer on in the compiled
+// family; nil means every local address.
+func (c *compiler) nodePortPrefixes() []netip.Prefix {
+	if c.cfg.NodePortPrimary {
+		if a := c.primaryAddr(); a.IsValid() && !a.IsLoopback() {
+			return []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}
+		}
+		return nil
+	}
+	var out []netip.Prefix
+	for _, p := range c.cfg.NodePortAddresses {
+		if !c.cfg.inFamily(p) {
+			continue
+		}
+		if p.Bits() == 0 {
+			return nil
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
+// primaryAddr is the node's primary address of the compiled family, as
+// kube-proxy picks it: bindAddress, else the Node's first address.
+func (c *compiler) primaryAddr() netip.Addr {
+	if c.cfg.addrInFamily(c.cfg.BindAddress) && !c.cfg.BindAddress.IsUnspecified() {
+		return c.cfg.BindAddress
+	}
+	for _, a := range c.node.Addrs {
+		if c.cfg.addrInFamily(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
 func (c *compiler) nodePortMatch() [][]m.Expr {
-	if len(c.cfg.NodePortAddresses) == 0 {
-		if c.cfg.LocalhostNodePorts && c.cfg.Family == m.IPv4 {
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	localhost := c.cfg.LocalhostNodePorts && c.cfg.Family == m.IPv4
+	prefixes := c.nodePortPrefixes()
+	if len(prefixes) == 0 {
+		if localhost {
 			return [][]m.Expr{{m.MatchFibDaddrLocal{}}}
 		}
-		loopback := netip.MustParsePrefix("127.0.0.0/8")
 		if c.cfg.Family == m.IPv6 {
 			loopback = netip.MustParsePrefix("::1/128")
 		}
 		return [][]m.Expr{{m.MatchPrefix{Field: m.FieldDaddr, Prefix: loopback, Negate: true}, m.MatchFibDaddrLocal{}}}
 	}
+	if localhost && !slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Overlaps(loopback) }) {
+		prefixes = append(prefixes, loopback)
+	}
 	var out [][]m.Expr
-	for _, p := range c.cfg.NodePortAddresses {
-		if c.cfg.inFamily(p) {
-			out = append(out, []m.Expr{m.MatchFibDaddrLocal{}, m.MatchPrefix{Field: m.FieldDaddr, Prefix: p}})
-		}
+	for _, p := range prefixes {
+		out = append(out, []m.Expr{m.MatchFibDaddrLocal{}, m.MatchPrefix{Field: m.FieldDaddr, Prefix: p}})
 	}
 	return out
 }
@@ -505,15 +607,15 @@ func (c *compiler) fixedChains() []*m.Chain {
 	}
 	return []*m.Chain{
 		services,
-		{Name: chainMarkForMasquerade, Rules: []m.Rule{{Exprs: []m.Expr{m.MarkOr{Bits: markMasquerade}}}}},
+		{Name: chainMarkForMasquerade, Rules: []m.Rule{{Exprs: []m.Expr{m.MarkOr{Bits: c.masqueradeMark()}}}}},
 		{Name: chainMasquerading, Rules: []m.Rule{
 			// Hairpin: an endpoint that reached itself through a service must
 			// see the reply come from elsewhere, or it would answer itself.
 			{Exprs: []m.Expr{m.MatchCtStatusDNAT{}, m.MatchSet{Key: []m.Field{m.FieldSaddr, m.FieldDaddr}, Set: setHairpin},
 				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
-			{Exprs: []m.Expr{m.MatchMark{Mask: markMasquerade}, m.Verdict{Kind: m.Return}}},
+			{Exprs: []m.Expr{m.MatchMark{Mask: c.masqueradeMark()}, m.Verdict{Kind: m.Return}}},
 			// Clear the bit so a packet that is routed again is not re-marked.
-			{Exprs: []m.Expr{m.MarkXor{Bits: markMasquerade}}},
+			{Exprs: []m.Expr{m.MarkXor{Bits: c.masqueradeMark()}}},
 			{Exprs: []m.Expr{m.Masquerade{FullyRandom: true}}},
 		}},
 		check,
@@ -555,17 +657,49 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 	return ch
 }
 
+// masqueradeMark is the mark bit that asks for masquerade.
+func (c *compiler) masqueradeMark() uint32 {
+	if c.cfg.MasqueradeBit == 0 {
+		return markMasquerade
+	}
+	return 1 << c.cfg.MasqueradeBit
+}
+
+// localTraffic matches traffic from this cluster's pods as the detect-local
+// mode says (negate: traffic from anywhere else); ok is false when the mode
+// knows no local traffic for the compiled family.
+func (c *compiler) localTraffic(negate bool) ([]m.Expr, bool) {
+	prefix := func(ps []netip.Prefix) ([]m.Expr, bool) {
+		for _, p := range ps {
+			if c.cfg.inFamily(p) {
+				return []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked(), Negate: negate}}, true
+			}
+		}
+		return nil, false
+	}
+	switch c.cfg.DetectLocal.Mode {
+	case "", LocalClusterCIDR:
+		return prefix(c.cfg.ClusterCIDRs)
+	case LocalNodeCIDR:
+		return prefix(c.node.PodCIDRs)
+	case LocalBridgeInterface:
+		return []m.Expr{m.MatchIifname{Name: c.cfg.DetectLocal.Interface, Negate: negate}}, true
+	case LocalInterfaceNamePrefix:
+		return []m.Expr{m.MatchIifname{Name: c.cfg.DetectLocal.Interface + "*", Negate: negate}}, true
+	}
+	return nil, false
+}
+
 // clusterMasquerade is the rule that marks ClusterIP traffic for masquerade:
-// everything with --masquerade-all, else what comes from outside the cluster.
+// everything with --masquerade-all, else what does not come from the
+// cluster's pods, as the detect-local mode tells them.
 func (c *compiler) clusterMasquerade() (m.Rule, bool) {
 	if c.cfg.MasqueradeAll {
 		return jump(chainMarkForMasquerade), true
 	}
-	for _, p := range c.cfg.ClusterCIDRs {
-		if c.cfg.inFamily(p) {
-			return m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked(), Negate: true},
-				m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}}, true
-		}
+	match, ok := c.localTraffic(true)
+	if !ok {
+		return m.Rule{}, false
 	}
-	return m.Rule{}, false
+	return m.Rule{Exprs: append(match, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade})}, true
 }

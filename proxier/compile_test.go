@@ -58,7 +58,7 @@ func dualStack(sp *k8s.ServicePort) {
 	}
 }
 
-var testConfig = Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+var testConfig = Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, DropInvalid: true}
 
 type goldenCase struct {
 	name     string
@@ -97,6 +97,30 @@ func goldenCases() []goldenCase {
 		{name: "nodeport-addresses", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
 			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs,
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("fd77::/64")}}},
+		{name: "nodeport-primary", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg:  Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true, LocalhostNodePorts: true},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("fd77::1"), netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.50")}}},
+		{name: "nodeport-primary-bind-address", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true,
+				BindAddress: netip.MustParseAddr("192.168.77.50")},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1")}}},
+		{name: "nodeport-primary-unknown", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080), dualStack)},
+			cfg:  Config{Family: m.IPv6, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortPrimary: true},
+			node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1")}}},
+		{name: "nodeport-addresses-other-family", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080), dualStack)},
+			cfg: Config{Family: m.IPv6, ClusterCIDRs: testConfig.ClusterCIDRs, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}}},
+		{name: "detect-local-node-cidr", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080), local(1),
+			func(sp *k8s.ServicePort) { sp.ExternalPolicyLocal = true })},
+			cfg:  Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, DetectLocal: DetectLocal{Mode: LocalNodeCIDR}},
+			node: k8s.Node{Name: "node-1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}},
+		{name: "detect-local-bridge", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, DetectLocal: DetectLocal{Mode: LocalBridgeInterface, Interface: "br0"}}},
+		{name: "detect-local-prefix", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, DetectLocal: DetectLocal{Mode: LocalInterfaceNamePrefix, Interface: "veth"}}},
+		{name: "detect-local-none", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, DetectLocal: DetectLocal{Mode: LocalNone}}},
+		{name: "masquerade-bit-13-be-liberal", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, nodePort(30080))},
+			cfg: Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, MasqueradeBit: 13}},
 		{name: "loadbalancer-externalip", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080), func(sp *k8s.ServicePort) {
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.77.100")}
 			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.168.77.200")}

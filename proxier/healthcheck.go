@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -129,6 +130,9 @@ func (h *HealthChecks) handler(s *hcServer) http.Handler {
 		body.ServiceProxyHealthy, _ = h.health.Healthy()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
+		// Load balancers that weigh nodes read the local endpoint count
+		// here, as kube-proxy sends it.
+		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(body.LocalEndpoints))
 		if body.LocalEndpoints == 0 || !body.ServiceProxyHealthy {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}

@@ -37,6 +37,9 @@ func TestHealthCheckNodePort(t *testing.T) {
 		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 			t.Fatal(err)
 		}
+		if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); w != fmt.Sprint(body["localEndpoints"]) {
+			t.Errorf("X-Load-Balancing-Endpoint-Weight %q, localEndpoints %v: want the same count, as kube-proxy sends", w, body["localEndpoints"])
+		}
 		return resp.StatusCode, body
 	}
 

@@ -38,9 +38,8 @@ const (
 	mapEndpoints         = "endpoints"
 	mapNodePortEndpoints = "node-port-endpoints"
 
-	// Marks, as kube-proxy uses them.
+	// The masquerade mark's default, kube-proxy's masqueradeBit 14.
 	markMasquerade = 0x4000
-	markDrop       = 0x8000
 )
 
 // Service ports with the same number of endpoints share one chain per kind

@@ -112,11 +112,9 @@ func (c *compiler) serviceChains(p *piece, sp *k8s.ServicePort, choice endpointC
 	// from elsewhere only local endpoints, with its source kept.
 	cluster := add("cluster", pick(choice.cluster)...)
 	var rules []m.Rule
-	for _, p := range c.cfg.ClusterCIDRs {
-		if c.cfg.inFamily(p) {
-			rules = append(rules, m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: p.Masked()},
-				m.Verdict{Kind: m.Goto, Chain: cluster}}, Comment: "pod traffic stays cluster-wide"})
-		}
+	if match, ok := c.localTraffic(false); ok {
+		rules = append(rules, m.Rule{Exprs: append(match, m.Verdict{Kind: m.Goto, Chain: cluster}),
+			Comment: "pod traffic stays cluster-wide"})
 	}
 	rules = append(rules,
 		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},

@@ -66,6 +66,12 @@ func run(args []string) error {
 	logger := newLogger(o.verbosity)
 	routeKlog(logger, o.verbosity)
 	defer func() { _ = logger.Sync() }()
+	for _, w := range o.warnings {
+		logger.Warn(w)
+	}
+	if o.writeConfigTo != "" {
+		return writeConfig(&o, logger)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	switch cmd {

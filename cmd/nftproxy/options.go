@@ -4,11 +4,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -25,6 +28,7 @@ type options struct {
 	nodeIPs            string
 	clusterCIDRs       string
 	nodePortAddresses  string
+	bindAddress        string
 	masqueradeAll      bool
 	serviceCIDRs       string
 	localhostNodePorts bool
@@ -36,6 +40,23 @@ type options struct {
 	profiling          bool
 	verbosity          int
 	cleanupKubeProxy   bool // run: replace kube-proxy's rules; cleanup: remove only kube-proxy's
+
+	masqueradeBit       int
+	detectLocalMode     string
+	bridgeInterface     string
+	interfaceNamePrefix string
+	ct                  conntrackTuning
+	oomScoreAdj         int
+	configSyncPeriod    time.Duration
+	kubeAPIQPS          float64
+	kubeAPIBurst        int
+	kubeAPIContentType  string
+	writeConfigTo       string
+	initOnly            bool
+
+	// warnings found while reading the configuration, logged once the
+	// logger exists.
+	warnings []string
 
 	// explain
 	src, dst, proto string
@@ -49,7 +70,8 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.hostnameOverride, "hostname-override", "", "name of this node (default: the hostname)")
 	fs.StringVar(&o.nodeIPs, "node-ip", "", "this node's addresses, one per family, comma-separated, when there is no Node object")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidr", "", "pod CIDRs, one per family, comma-separated: ClusterIP traffic from outside is masqueraded")
-	fs.StringVar(&o.nodePortAddresses, "nodeport-addresses", "", "CIDRs of the local addresses NodePorts answer on, comma-separated (default: all local addresses)")
+	fs.StringVar(&o.nodePortAddresses, "nodeport-addresses", "primary", "CIDRs of the local addresses NodePorts answer on, comma-separated (a family without any: every local address), or 'primary': the node's primary address of each family, as kube-proxy's nftables mode")
+	fs.StringVar(&o.bindAddress, "bind-address", "0.0.0.0", "the node's primary address of its family when not 0.0.0.0 or ::, as kube-proxy's --bind-address")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "masquerade all traffic to service addresses")
 	fs.StringVar(&o.serviceCIDRs, "service-cidr", "", "ranges ClusterIPs come from, comma-separated: traffic to an unallocated address in them is dropped")
 	fs.BoolVar(&o.localhostNodePorts, "localhost-nodeports", false, "serve IPv4 NodePorts on 127.0.0.1 too (sets route_localnet), as kube-proxy's iptables mode does")
@@ -60,32 +82,109 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.profiling, "profiling", false, "serve Go's profiles on /debug/pprof/ beside /metrics, as kube-proxy does")
 	fs.BoolVar(&o.conntrack, "conntrack", true, "delete stale UDP and SCTP conntrack entries after each sync")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity: 2 logs each sync's batch, 4 the whole ruleset")
+	fs.IntVar(&o.masqueradeBit, "iptables-masquerade-bit", 14, "the bit of the packet mark that asks for masquerade, 0-31, as kube-proxy's")
+	fs.StringVar(&o.detectLocalMode, "detect-local-mode", proxier.LocalClusterCIDR, "how pod traffic is told apart (not masqueraded to ClusterIPs): ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix or None")
+	fs.StringVar(&o.bridgeInterface, "pod-bridge-interface", "", "the pod bridge, for --detect-local-mode BridgeInterface")
+	fs.StringVar(&o.interfaceNamePrefix, "pod-interface-name-prefix", "", "the pods' interface name prefix, for --detect-local-mode InterfaceNamePrefix")
+	fs.IntVar(&o.ct.maxPerCore, "conntrack-max-per-core", 32768, "nf_conntrack_max per CPU set at start-up (0: leave it)")
+	fs.IntVar(&o.ct.min, "conntrack-min", 131072, "least nf_conntrack_max set at start-up")
+	fs.DurationVar(&o.ct.tcpEstablished, "conntrack-tcp-timeout-established", 24*time.Hour, "nf_conntrack_tcp_timeout_established set at start-up (0: leave it)")
+	fs.DurationVar(&o.ct.tcpCloseWait, "conntrack-tcp-timeout-close-wait", time.Hour, "nf_conntrack_tcp_timeout_close_wait set at start-up (0: leave it)")
+	fs.BoolVar(&o.ct.tcpBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal; packets conntrack calls invalid are then not dropped")
+	fs.DurationVar(&o.ct.udpTimeout, "conntrack-udp-timeout", 0, "nf_conntrack_udp_timeout set at start-up (0: leave it)")
+	fs.DurationVar(&o.ct.udpStream, "conntrack-udp-timeout-stream", 0, "nf_conntrack_udp_timeout_stream set at start-up (0: leave it)")
+	fs.IntVar(&o.oomScoreAdj, "oom-score-adj", -999, "the process's oom_score_adj, -1000 to 1000, as kube-proxy's")
+	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", 15*time.Minute, "resync period of the API server informers")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 5, "queries per second to the API server")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 10, "burst of queries to the API server")
+	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "content type of requests to the API server")
+	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration as a KubeProxyConfiguration to this file and exit")
+	fs.BoolVar(&o.initOnly, "init-only", false, "set up the node (sysctls, conntrack tuning) and exit, as kube-proxy's init container does")
 }
 
-// kubeProxyConfiguration holds the fields of a KubeProxyConfiguration that
-// nftproxy honours.
+// conntrackTuning is kube-proxy's conntrack section.
+type conntrackTuning struct {
+	maxPerCore, min       int
+	tcpEstablished        time.Duration
+	tcpCloseWait          time.Duration
+	tcpBeLiberal          bool
+	udpTimeout, udpStream time.Duration
+}
+
+// flagsBesideConfig are the flags a config file does not override, as
+// kube-proxy v1.36 keeps logging and --hostname-override; the others are
+// nftproxy's own, which no KubeProxyConfiguration field holds.
+var flagsBesideConfig = map[string]bool{"v": true, "hostname-override": true, "config": true,
+	"write-config-to": true, "init-only": true, "manifests": true, "node-ip": true, "service-cidr": true,
+	"conntrack": true, "localhost-nodeports": true, "cleanup-kube-proxy": true, "src": true, "dst": true, "proto": true, "port": true}
+
+// kubeProxyConfiguration is KubeProxyConfiguration v1alpha1 as kube-proxy
+// v1.36 has it: every field is known, so strict decoding finds the unknown
+// ones. The fields nftproxy has no use for are decoded to be warned about.
 type kubeProxyConfiguration struct {
-	Kind               string   `json:"kind"`
-	ClusterCIDR        string   `json:"clusterCIDR"`
-	HostnameOverride   string   `json:"hostnameOverride"`
-	HealthzBindAddress string   `json:"healthzBindAddress"`
-	MetricsBindAddress string   `json:"metricsBindAddress"`
-	EnableProfiling    *bool    `json:"enableProfiling"`
-	NodePortAddresses  []string `json:"nodePortAddresses"`
-	ClientConnection   struct {
-		Kubeconfig string `json:"kubeconfig"`
+	APIVersion       string          `json:"apiVersion"`
+	Kind             string          `json:"kind"`
+	FeatureGates     map[string]bool `json:"featureGates,omitempty"`
+	ClientConnection struct {
+		Kubeconfig         string   `json:"kubeconfig"`
+		AcceptContentTypes string   `json:"acceptContentTypes"`
+		ContentType        string   `json:"contentType"`
+		QPS                *float64 `json:"qps"`
+		Burst              *int     `json:"burst"`
 	} `json:"clientConnection"`
+	Logging                     map[string]any `json:"logging,omitempty"`
+	HostnameOverride            string         `json:"hostnameOverride"`
+	BindAddress                 string         `json:"bindAddress"`
+	HealthzBindAddress          string         `json:"healthzBindAddress"`
+	MetricsBindAddress          string         `json:"metricsBindAddress"`
+	BindAddressHardFail         bool           `json:"bindAddressHardFail"`
+	EnableProfiling             bool           `json:"enableProfiling"`
+	ShowHiddenMetricsForVersion string         `json:"showHiddenMetricsForVersion"`
+	Mode                        string         `json:"mode"`
+	IPTables                    struct {
+		MasqueradeBit      *int    `json:"masqueradeBit"`
+		MasqueradeAll      bool    `json:"masqueradeAll"`
+		LocalhostNodePorts *bool   `json:"localhostNodePorts"`
+		SyncPeriod         *string `json:"syncPeriod"`
+		MinSyncPeriod      *string `json:"minSyncPeriod"`
+	} `json:"iptables"`
+	IPVS     map[string]any `json:"ipvs"`
 	NFTables struct {
-		MasqueradeAll *bool   `json:"masqueradeAll"`
-		MinSyncPeriod *string `json:"minSyncPeriod"`
+		MasqueradeBit *int    `json:"masqueradeBit"`
+		MasqueradeAll bool    `json:"masqueradeAll"`
 		SyncPeriod    *string `json:"syncPeriod"`
+		MinSyncPeriod *string `json:"minSyncPeriod"`
 	} `json:"nftables"`
+	Winkernel       map[string]any `json:"winkernel"`
+	DetectLocalMode string         `json:"detectLocalMode"`
+	DetectLocal     struct {
+		BridgeInterface     string `json:"bridgeInterface"`
+		InterfaceNamePrefix string `json:"interfaceNamePrefix"`
+	} `json:"detectLocal"`
+	ClusterCIDR       string   `json:"clusterCIDR"`
+	NodePortAddresses []string `json:"nodePortAddresses"`
+	OOMScoreAdj       *int     `json:"oomScoreAdj"`
+	Conntrack         struct {
+		MaxPerCore            *int    `json:"maxPerCore"`
+		Min                   *int    `json:"min"`
+		TCPEstablishedTimeout *string `json:"tcpEstablishedTimeout"`
+		TCPCloseWaitTimeout   *string `json:"tcpCloseWaitTimeout"`
+		TCPBeLiberal          bool    `json:"tcpBeLiberal"`
+		UDPTimeout            *string `json:"udpTimeout"`
+		UDPStreamTimeout      *string `json:"udpStreamTimeout"`
+	} `json:"conntrack"`
+	ConfigSyncPeriod    *string `json:"configSyncPeriod"`
+	PortRange           string  `json:"portRange"`
+	WindowsRunAsService bool    `json:"windowsRunAsService,omitempty"`
 	// nftproxy's own: --cleanup-kube-proxy.
 	CleanupKubeProxy *bool `json:"cleanupKubeProxy"`
 }
 
-// applyConfigFile fills the options the command line did not set from the
-// KubeProxyConfiguration file.
+// applyConfigFile replaces the options with the KubeProxyConfiguration file's,
+// as kube-proxy v1.36 does: with --config, the flags that a field holds are
+// ignored (each one set is warned about), except logging and
+// --hostname-override. Unset fields take kube-proxy's defaults. Unknown
+// fields are warned about as kube-proxy does, and the rest is used.
 func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	if o.configFile == "" {
 		return nil
@@ -95,49 +194,177 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 		return fmt.Errorf("read config file: %w", err)
 	}
 	var c kubeProxyConfiguration
-	if err := yaml.Unmarshal(data, &c); err != nil {
-		return fmt.Errorf("parse config file %s: %w", o.configFile, err)
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		if err := yaml.Unmarshal(data, &c); err != nil {
+			return fmt.Errorf("parse config file %s: %w", o.configFile, err)
+		}
+		o.warn("Using lenient decoding as strict decoding failed: strict decoding error: %s", strictReason(err))
 	}
 	if c.Kind != "" && c.Kind != "KubeProxyConfiguration" {
 		return fmt.Errorf("parse config file %s: kind %q is not KubeProxyConfiguration", o.configFile, c.Kind)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	setString := func(name string, dst *string, v string) {
-		if !set[name] && v != "" {
+	// Start over from the defaults, keeping what a config file leaves to flags.
+	var d options
+	dfs := flag.NewFlagSet("defaults", flag.ContinueOnError)
+	d.register(dfs)
+	fs.Visit(func(f *flag.Flag) {
+		if flagsBesideConfig[f.Name] {
+			_ = dfs.Set(f.Name, f.Value.String())
+		} else {
+			o.warn("Ignoring --%s: a config file is given, and kube-proxy ignores such flags then", f.Name)
+		}
+	})
+	d.warnings = o.warnings
+	d.configFile = o.configFile
+	if d.hostnameOverride == "" {
+		d.hostnameOverride = c.HostnameOverride
+	}
+	d.hostnameOverride = strings.ToLower(strings.TrimSpace(d.hostnameOverride))
+	d.kubeconfig = c.ClientConnection.Kubeconfig
+	if c.ClientConnection.ContentType != "" {
+		d.kubeAPIContentType = c.ClientConnection.ContentType
+	}
+	if c.ClientConnection.QPS != nil {
+		d.kubeAPIQPS = *c.ClientConnection.QPS
+	}
+	if c.ClientConnection.Burst != nil {
+		d.kubeAPIBurst = *c.ClientConnection.Burst
+	}
+	setString := func(dst *string, v string) {
+		if v != "" {
 			*dst = v
 		}
 	}
-	setString("cluster-cidr", &o.clusterCIDRs, c.ClusterCIDR)
-	setString("hostname-override", &o.hostnameOverride, c.HostnameOverride)
-	setString("healthz-bind-address", &o.healthzBindAddress, c.HealthzBindAddress)
-	setString("metrics-bind-address", &o.metricsBindAddress, c.MetricsBindAddress)
-	setString("nodeport-addresses", &o.nodePortAddresses, strings.Join(c.NodePortAddresses, ","))
-	setString("kubeconfig", &o.kubeconfig, c.ClientConnection.Kubeconfig)
-	if c.EnableProfiling != nil && !set["profiling"] {
-		o.profiling = *c.EnableProfiling
+	setString(&d.bindAddress, c.BindAddress)
+	setString(&d.healthzBindAddress, c.HealthzBindAddress)
+	setString(&d.metricsBindAddress, c.MetricsBindAddress)
+	setString(&d.clusterCIDRs, c.ClusterCIDR)
+	setString(&d.detectLocalMode, c.DetectLocalMode)
+	setString(&d.bridgeInterface, c.DetectLocal.BridgeInterface)
+	setString(&d.interfaceNamePrefix, c.DetectLocal.InterfaceNamePrefix)
+	d.profiling = c.EnableProfiling
+	if c.OOMScoreAdj != nil {
+		d.oomScoreAdj = *c.OOMScoreAdj
 	}
-	if c.CleanupKubeProxy != nil && !set["cleanup-kube-proxy"] {
-		o.cleanupKubeProxy = *c.CleanupKubeProxy
+	if c.CleanupKubeProxy != nil && !set(fs, "cleanup-kube-proxy") {
+		d.cleanupKubeProxy = *c.CleanupKubeProxy
 	}
-	if c.NFTables.MasqueradeAll != nil && !set["masquerade-all"] {
-		o.masqueradeAll = *c.NFTables.MasqueradeAll
+	// The mode's own section applies: nftables, else (iptables, ipvs and
+	// kube-proxy's default, iptables) the iptables one, whose nodePortAddresses
+	// default is every address and whose localhostNodePorts defaults to on.
+	var masqBit *int
+	var syncPeriod, minSyncPeriod *string
+	switch c.Mode {
+	case "nftables":
+		d.masqueradeAll, masqBit = c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit
+		syncPeriod, minSyncPeriod = c.NFTables.SyncPeriod, c.NFTables.MinSyncPeriod
+		d.nodePortAddresses = "primary"
+	case "", "iptables", "ipvs":
+		d.masqueradeAll, masqBit = c.IPTables.MasqueradeAll, c.IPTables.MasqueradeBit
+		syncPeriod, minSyncPeriod = c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod
+		d.nodePortAddresses = ""
+		if !set(fs, "localhost-nodeports") && (c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts) {
+			d.localhostNodePorts = localhostInNodePorts(c.NodePortAddresses)
+		}
+		o.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
+	default:
+		return fmt.Errorf("parse config file %s: mode %q: nftproxy supports nftables, and iptables or ipvs configurations through their iptables section", o.configFile, c.Mode)
 	}
-	for name, v := range map[string]*string{"min-sync-period": c.NFTables.MinSyncPeriod, "sync-period": c.NFTables.SyncPeriod} {
-		if v == nil || set[name] {
+	if len(c.NodePortAddresses) > 0 {
+		d.nodePortAddresses = strings.Join(c.NodePortAddresses, ",")
+	}
+	if masqBit != nil {
+		d.masqueradeBit = *masqBit
+	}
+	if c.Conntrack.MaxPerCore != nil {
+		d.ct.maxPerCore = *c.Conntrack.MaxPerCore
+	}
+	if c.Conntrack.Min != nil {
+		d.ct.min = *c.Conntrack.Min
+	}
+	d.ct.tcpBeLiberal = c.Conntrack.TCPBeLiberal
+	for _, dur := range []struct {
+		field string
+		v     *string
+		dst   *time.Duration
+	}{
+		{"nftables/iptables.syncPeriod", syncPeriod, &d.syncPeriod},
+		{"nftables/iptables.minSyncPeriod", minSyncPeriod, &d.minSyncPeriod},
+		{"conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout, &d.ct.tcpEstablished},
+		{"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout, &d.ct.tcpCloseWait},
+		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout, &d.ct.udpTimeout},
+		{"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout, &d.ct.udpStream},
+		{"configSyncPeriod", c.ConfigSyncPeriod, &d.configSyncPeriod},
+	} {
+		if dur.v == nil || *dur.v == "" {
 			continue
 		}
-		d, err := time.ParseDuration(*v)
+		v, err := time.ParseDuration(*dur.v)
 		if err != nil {
-			return fmt.Errorf("parse config file %s: %s: %w", o.configFile, name, err)
+			return fmt.Errorf("parse config file %s: %s: %w", o.configFile, dur.field, err)
 		}
-		if name == "sync-period" {
-			o.syncPeriod = d
-		} else {
-			o.minSyncPeriod = d
+		*dur.dst = v
+	}
+	if len(c.IPVS) > 0 {
+		d.warn("Config file field ipvs (%s) is for kube-proxy's ipvs mode: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.IPVS)), ", "))
+	}
+	if len(c.Winkernel) > 0 {
+		d.warn("Config file field winkernel (%s) is for Windows: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.Winkernel)), ", "))
+	}
+	for name, v := range map[string]bool{"portRange": c.PortRange != "", "bindAddressHardFail": c.BindAddressHardFail,
+		"windowsRunAsService": c.WindowsRunAsService, "showHiddenMetricsForVersion": c.ShowHiddenMetricsForVersion != "",
+		"featureGates": len(c.FeatureGates) > 0, "clientConnection.acceptContentTypes": c.ClientConnection.AcceptContentTypes != ""} {
+		if v {
+			d.warn("Config file field %s has no effect in nftproxy (kube-proxy v1.36 ignores it on Linux too, or it concerns features nftproxy does not gate)", name)
 		}
 	}
+	*o = d
 	return nil
+}
+
+func modeName(m string) string {
+	if m == "" {
+		return "iptables (kube-proxy's default)"
+	}
+	return m
+}
+
+func set(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
+}
+
+// localhostInNodePorts tells whether kube-proxy's iptables mode would serve
+// NodePorts on 127.0.0.1 for these nodePortAddresses: when they have no IPv4
+// CIDR (every address) or one holding 127.0.0.1.
+func localhostInNodePorts(cidrs []string) bool {
+	v4 := false
+	for _, s := range cidrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() {
+			continue
+		}
+		v4 = true
+		if p.Contains(netip.MustParseAddr("127.0.0.1")) {
+			return true
+		}
+	}
+	return !v4
+}
+
+// strictReason turns sigs.k8s.io/yaml's strict error into kube-proxy's words:
+// unknown field "x".
+func strictReason(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "unknown field"); i >= 0 {
+		return msg[i:]
+	}
+	return msg
+}
+
+func (o *options) warn(format string, args ...any) {
+	o.warnings = append(o.warnings, fmt.Sprintf(format, args...))
 }
 
 // compileConfigs turns the options into one compile configuration per family.
@@ -150,19 +377,45 @@ func (o *options) compileConfigs() ([]proxier.Config, error) {
 		return nil, err
 	}
 	var npAddrs []netip.Prefix
-	if o.nodePortAddresses != "" && o.nodePortAddresses != "primary" {
+	primary := o.nodePortAddresses == "" || o.nodePortAddresses == "primary"
+	if !primary {
 		if npAddrs, err = parsePrefixes("--nodeport-addresses", o.nodePortAddresses); err != nil {
 			return nil, err
+		}
+	}
+	var bind netip.Addr
+	if o.bindAddress != "" {
+		if bind, err = netip.ParseAddr(o.bindAddress); err != nil {
+			return nil, fmt.Errorf("parse --bind-address: %w", err)
 		}
 	}
 	serviceCIDRs, err := parsePrefixes("--service-cidr", o.serviceCIDRs)
 	if err != nil {
 		return nil, err
 	}
+	if o.masqueradeBit < 0 || o.masqueradeBit > 31 {
+		return nil, fmt.Errorf("masqueradeBit %d is not in 0-31", o.masqueradeBit)
+	}
+	detect := proxier.DetectLocal{Mode: o.detectLocalMode}
+	switch o.detectLocalMode {
+	case "", proxier.LocalClusterCIDR, proxier.LocalNodeCIDR, proxier.LocalNone:
+	case proxier.LocalBridgeInterface:
+		detect.Interface = o.bridgeInterface
+	case proxier.LocalInterfaceNamePrefix:
+		detect.Interface = o.interfaceNamePrefix
+	default:
+		return nil, fmt.Errorf("detect-local-mode %q: want ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix or None", o.detectLocalMode)
+	}
+	if (detect.Mode == proxier.LocalBridgeInterface || detect.Mode == proxier.LocalInterfaceNamePrefix) &&
+		(detect.Interface == "" || len(detect.Interface) >= 15 || strings.ContainsAny(detect.Interface, "*\\\" /")) {
+		return nil, fmt.Errorf("detect-local-mode %s needs a valid interface name (--pod-bridge-interface, --pod-interface-name-prefix), not %q", detect.Mode, detect.Interface)
+	}
 	var out []proxier.Config
 	for _, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
 		out = append(out, proxier.Config{Family: f, ClusterCIDRs: clusterCIDRs, MasqueradeAll: o.masqueradeAll,
-			NodePortAddresses: npAddrs, ServiceCIDRs: serviceCIDRs, LocalhostNodePorts: o.localhostNodePorts})
+			NodePortAddresses: npAddrs, NodePortPrimary: primary, BindAddress: bind,
+			ServiceCIDRs: serviceCIDRs, LocalhostNodePorts: o.localhostNodePorts,
+			MasqueradeBit: o.masqueradeBit, DetectLocal: detect, DropInvalid: !o.ct.tcpBeLiberal})
 	}
 	return out, nil
 }
@@ -214,4 +467,48 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// writeConfig writes the effective configuration as a KubeProxyConfiguration
+// (mode nftables) to --write-config-to, as kube-proxy's flag does, and
+// returns: the file can be given back with --config.
+func writeConfig(o *options, log *zap.Logger) error {
+	c := effectiveConfig(o)
+	data, err := yaml.Marshal(&c)
+	if err != nil {
+		return fmt.Errorf("encode configuration: %w", err)
+	}
+	if err := os.WriteFile(o.writeConfigTo, data, 0o644); err != nil {
+		return fmt.Errorf("write configuration: %w", err)
+	}
+	log.Info("Wrote configuration", zap.String("file", o.writeConfigTo))
+	return nil
+}
+
+// effectiveConfig is the configuration in use, as a KubeProxyConfiguration
+// (mode nftables): what --write-config-to writes and /configz serves.
+func effectiveConfig(o *options) kubeProxyConfiguration {
+	dur := func(d time.Duration) *string { s := d.String(); return &s }
+	var c kubeProxyConfiguration
+	c.APIVersion, c.Kind, c.Mode = "kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration", "nftables"
+	c.ClientConnection.Kubeconfig = o.kubeconfig
+	c.ClientConnection.ContentType = o.kubeAPIContentType
+	c.ClientConnection.QPS, c.ClientConnection.Burst = &o.kubeAPIQPS, &o.kubeAPIBurst
+	c.HostnameOverride, c.BindAddress = o.hostnameOverride, o.bindAddress
+	c.HealthzBindAddress, c.MetricsBindAddress = o.healthzBindAddress, o.metricsBindAddress
+	c.EnableProfiling = o.profiling
+	c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit = o.masqueradeAll, &o.masqueradeBit
+	c.NFTables.SyncPeriod, c.NFTables.MinSyncPeriod = dur(o.syncPeriod), dur(o.minSyncPeriod)
+	c.DetectLocalMode = o.detectLocalMode
+	c.DetectLocal.BridgeInterface, c.DetectLocal.InterfaceNamePrefix = o.bridgeInterface, o.interfaceNamePrefix
+	c.ClusterCIDR = o.clusterCIDRs
+	c.NodePortAddresses = splitList(o.nodePortAddresses)
+	c.OOMScoreAdj = &o.oomScoreAdj
+	c.Conntrack.MaxPerCore, c.Conntrack.Min = &o.ct.maxPerCore, &o.ct.min
+	c.Conntrack.TCPEstablishedTimeout, c.Conntrack.TCPCloseWaitTimeout = dur(o.ct.tcpEstablished), dur(o.ct.tcpCloseWait)
+	c.Conntrack.TCPBeLiberal = o.ct.tcpBeLiberal
+	c.Conntrack.UDPTimeout, c.Conntrack.UDPStreamTimeout = dur(o.ct.udpTimeout), dur(o.ct.udpStream)
+	c.ConfigSyncPeriod = dur(o.configSyncPeriod)
+	c.CleanupKubeProxy = &o.cleanupKubeProxy
+	return c
 }

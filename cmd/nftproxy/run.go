@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +31,21 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	if err := initNode(o, log); err != nil {
+		return err
+	}
+	if o.initOnly {
+		log.Info("Node initialized and --init-only given: exiting")
+		return nil
+	}
+	// kube-proxy drops packets conntrack calls invalid unless the kernel is
+	// liberal with TCP windows, whoever set that.
+	if v, err := readSysctl("net/netfilter/nf_conntrack_tcp_be_liberal"); err == nil && v != 0 {
+		log.Info("nf_conntrack_tcp_be_liberal set, not dropping packets conntrack calls invalid")
+		for i := range cfgs {
+			cfgs[i].DropInvalid = false
+		}
+	}
 	metrics := proxier.NewMetrics()
 	tracker, err := newTracker(o, log, metrics)
 	if err != nil {
@@ -49,6 +65,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	}
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	addStatusHandlers(metricsMux, o)
 	if o.profiling {
 		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
 		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -70,12 +87,6 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
 		Kernel: kernel(ctx, o, conn, len(cfgs), log), Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
 		ReleaseMemory: true}
-	if o.localhostNodePorts {
-		// Without it the kernel drops packets from 127.0.0.0/8 routed to a pod.
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
-			return fmt.Errorf("enable route_localnet for --localhost-nodeports: %w", err)
-		}
-	}
 	if o.conntrack {
 		ct, err := conntrack.Dial(0)
 		if err != nil {
@@ -99,6 +110,23 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
 	proxier.New(popts).Run(ctx, tracker)
 	log.Info("Stopping; the rules stay in place")
+	return nil
+}
+
+// initNode makes the start-up settings kube-proxy makes: oom_score_adj,
+// conntrack tuning and route_localnet.
+func initNode(o *options, log *zap.Logger) error {
+	setOOMScoreAdj(log, o.oomScoreAdj)
+	if err := applySysctls(log, conntrackSysctls(o.ct, numCPU())); err != nil {
+		return err
+	}
+	if o.localhostNodePorts {
+		// Without it the kernel drops packets from 127.0.0.0/8 routed to a
+		// pod; the ruleset's localnet guard closes what it opens.
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable route_localnet for --localhost-nodeports: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -138,13 +166,28 @@ func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "nftproxy"
+	cfg.QPS, cfg.Burst, cfg.ContentType = float32(o.kubeAPIQPS), o.kubeAPIBurst, o.kubeAPIContentType
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
 	}
-	synced := k8s.RunInformers(ctx, client, tracker.NodeName(), tracker, log)
+	synced := k8s.RunInformersResync(ctx, client, tracker.NodeName(), o.configSyncPeriod, tracker, log)
 	log.Info("Waiting for informers to sync")
 	return k8s.WaitForSync(ctx, synced)
+}
+
+// addStatusHandlers serves kube-proxy's /proxyMode and /configz beside
+// /metrics: the mode, and the configuration in use under its group's name.
+func addStatusHandlers(mux *http.ServeMux, o *options) {
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprint(w, "nftables")
+	})
+	configz := map[string]kubeProxyConfiguration{"kubeproxy.config.k8s.io": effectiveConfig(o)}
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(configz)
+	})
 }
 
 // serve listens on addr (nothing when empty) and serves mux until ctx ends.
