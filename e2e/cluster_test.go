@@ -854,7 +854,15 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Signal it only once it waits for the informers: a loaded machine can
+	// take longer than any fixed pause to start it.
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(d.Log(), "Waiting for informers to sync"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("nftproxy did not start waiting for the API server:\n%s", d.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
 	if err := d.Stop(); err != nil || !d.cmd.ProcessState.Success() {
 		t.Errorf("SIGTERM while waiting for the API server: %v, %v:\n%s", err, d.cmd.ProcessState, d.Log())
 	}
