@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
@@ -190,7 +188,7 @@ func TestSyncFaults(t *testing.T) {
 			default:
 				t.Errorf("after the failed batch the kernel holds neither the previous ruleset nor the new one:\n%s", after)
 			}
-			if got := counterValue(mt.SyncFailures); got != 1 {
+			if got := counterValue(t, mt.SyncFailures); got != 1 {
 				t.Errorf("nftproxy_sync_failures_total = %v, want 1", got)
 			}
 			failed := logs.FilterMessageSnippet("Sync failed").All()
@@ -202,9 +200,9 @@ func TestSyncFaults(t *testing.T) {
 				t.Errorf("logged error %q does not say %q", logged, tc.named)
 			}
 
-			fulls := counterValue(mt.FullSyncs)
+			fulls := counterValue(t, mt.FullSyncs)
 			r.sync(p, two, false)
-			if got := counterValue(mt.FullSyncs); got != fulls+1 {
+			if got := counterValue(t, mt.FullSyncs); got != fulls+1 {
 				t.Errorf("the sync after the failure was not full")
 			}
 			want := healed["old"]
@@ -238,14 +236,6 @@ func says(s string, want []string) bool {
 		}
 	}
 	return true
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var d dto.Metric
-	if err := c.Write(&d); err != nil {
-		panic(err)
-	}
-	return d.GetCounter().GetValue()
 }
 
 // TestSyncKernelRefusals makes the kernel itself refuse a delta batch,
@@ -288,7 +278,7 @@ func TestSyncKernelRefusals(t *testing.T) {
 			if after := r.list(); after != before {
 				t.Errorf("the refused batch changed the table:\n%s\nwas:\n%s", after, before)
 			}
-			if counterValue(mt.SyncFailures) != 1 {
+			if counterValue(t, mt.SyncFailures) != 1 {
 				t.Error("failure not counted")
 			}
 			failed := logs.FilterMessageSnippet("Sync failed").All()

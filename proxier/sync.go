@@ -62,6 +62,9 @@ type Options struct {
 	// before the first) leaves garbage several times the live heap, which
 	// would otherwise stay resident until the runtime's next collection.
 	ReleaseMemory bool
+	// OwnPort tells whether a netlink port ID is one of the sockets Kernel
+	// commits on, so that Notify can tell our commits from others'.
+	OwnPort func(port uint32) bool
 }
 
 // Proxier keeps the kernel's tables equal to the compiled snapshot.
@@ -75,6 +78,8 @@ type Proxier struct {
 	genKnown bool
 	// flowsFailed: the last conntrack cleanup failed; the next sync retries.
 	flowsFailed bool
+	// drift: Notify saw another program change our tables.
+	drift *driftSignal
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -93,7 +98,7 @@ func New(opts Options) *Proxier {
 		families = append(families, map[m.Family]string{m.IPv4: "IPv4", m.IPv6: "IPv6"}[c.Family])
 	}
 	opts.Health.SetFamilies(families...)
-	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}}
+	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal()}
 }
 
 // retryDelay is the least wait after a failed sync, so a kernel that keeps
@@ -138,6 +143,20 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			}
 			pending, full = true, true
 			continue
+		case <-p.drift.ready:
+			// Lost notifications matter only if a commit not ours happened
+			// since the last sync. The due timer keeps a tamper storm to one
+			// repair per MinSyncPeriod.
+			t := p.drift.take()
+			if t == tamperNone || (t == tamperUnknown && !failed && p.sameGeneration()) {
+				continue
+			}
+			if !pending || !full {
+				p.opts.Metrics.DriftRepairs.Inc()
+				p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
+			}
+			pending, full = true, true
+			continue
 		case <-due:
 		}
 		err := p.Sync(ctx, src.Snapshot(), full)
@@ -166,17 +185,24 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 // reported in the last-sync timestamp, as it verified the rules). Not while
 // a conntrack cleanup waits for its retry.
 func (p *Proxier) unchanged() bool {
-	if !p.genKnown || p.flowsFailed {
+	if p.flowsFailed || !p.sameGeneration() {
 		return false
 	}
-	gen, err := p.opts.Kernel.Generation()
-	if err != nil || gen != p.gen {
-		return false
-	}
+	gen := p.gen
 	p.opts.Metrics.ResyncsSkipped.Inc()
 	p.opts.Metrics.SyncLastTimestamp.SetToCurrentTime()
 	p.opts.Logger.Debug("Resync skipped: no nftables commit since the last sync", zap.Uint32("generation", gen))
 	return true
+}
+
+// sameGeneration tells whether no nftables commit happened in the
+// namespace since the last sync, which left the tables as it meant to.
+func (p *Proxier) sameGeneration() bool {
+	if !p.genKnown {
+		return false
+	}
+	gen, err := p.opts.Kernel.Generation()
+	return err == nil && gen == p.gen
 }
 
 // Sync compiles snap and brings every family's table to it: the whole table
@@ -191,8 +217,13 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.opts.Health.SetNode(snap.Node)
 	// The generation before and after tells whether the sync's commits
 	// were the only ones; only then is the kernel known to hold our rules.
+	// A commit of someone else since the last sync is repaired only by a
+	// full sync of every family.
+	wasKnown := p.genKnown
 	p.genKnown = false
 	before, genErr := p.opts.Kernel.Generation()
+	wasKnown = wasKnown && genErr == nil && before == p.gen
+	allFull := true
 	var commits uint32
 	diff, sorted := diffSnapshots(p.prev, snap)
 	mt.ServiceChanges.Add(float64(diff.serviceChanges))
@@ -215,6 +246,8 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		}
 		if kind == "full" {
 			mt.FullSyncs.Inc()
+		} else {
+			allFull = false
 		}
 		if stats.Messages > 0 {
 			mt.BatchMessages.Observe(float64(stats.Messages))
@@ -226,7 +259,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
 		}
 	}
-	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits {
+	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits && (wasKnown || allFull) {
 		p.gen, p.genKnown = after, true
 	}
 	elapsed := time.Since(start)

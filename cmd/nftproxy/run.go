@@ -68,7 +68,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	hc := proxier.NewHealthChecks(log, health)
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
-		Kernel: kernel(ctx, o, conn, len(cfgs), log), Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
+		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
 		ReleaseMemory: true}
 	if o.localhostNodePorts {
 		// Without it the kernel drops packets from 127.0.0.0/8 routed to a pod.
@@ -97,7 +97,15 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
-	proxier.New(popts).Run(ctx, tracker)
+	px := proxier.New(popts)
+	// Other programs' changes to our tables are repaired at once, not at
+	// the next --sync-period; without notifications only the period does it.
+	go func() {
+		if err := nftmodel.Watch(ctx, 0, px.Notify); err != nil && ctx.Err() == nil {
+			log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+		}
+	}()
+	px.Run(ctx, tracker)
 	log.Info("Stopping; the rules stay in place")
 	return nil
 }
