@@ -92,7 +92,7 @@ func TestSyncForgetsGenerationAfterForeignCommit(t *testing.T) {
 // staticSource never changes.
 type staticSource struct{ snap *k8s.Snapshot }
 
-func (s staticSource) Snapshot() *k8s.Snapshot   { return s.snap }
+func (s staticSource) Snapshot() *k8s.Snapshot  { return s.snap }
 func (s staticSource) Changed() <-chan struct{} { return nil }
 
 // lockedKernel is a recordingKernel safe to share with a running proxier.
@@ -148,7 +148,10 @@ func TestRunRepairsTamperAtOnce(t *testing.T) {
 		OwnPort: func(port uint32) bool { return port == 7 }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { p.Run(ctx, staticSource{&k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}}); close(done) }()
+	go func() {
+		p.Run(ctx, staticSource{&k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}})
+		close(done)
+	}()
 	defer func() { cancel(); <-done }()
 	waitFulls := func(n int, within time.Duration) time.Duration {
 		t.Helper()
