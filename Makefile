@@ -31,6 +31,7 @@ race:
 FUZZTIME ?= 1m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTracker$$' -fuzztime $(FUZZTIME) ./k8s/
+	$(GO) test -run '^$$' -fuzz '^FuzzManifests$$' -fuzztime $(FUZZTIME) ./k8s/
 	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(FUZZTIME) ./nftmodel/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompileKernel$$' -fuzztime $(FUZZTIME) ./proxier/
 
