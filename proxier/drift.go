@@ -3,6 +3,7 @@ package proxier
 import (
 	"slices"
 	"sync"
+	"time"
 
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
@@ -46,6 +47,7 @@ func classify(events []m.Event, families []m.Family, own func(port uint32) bool)
 type driftSignal struct {
 	mu    sync.Mutex
 	worst tamper
+	last  time.Time // when the last tamper was raised
 	ready chan struct{}
 }
 
@@ -57,10 +59,26 @@ func (d *driftSignal) raise(t tamper) {
 	}
 	d.mu.Lock()
 	d.worst = max(d.worst, t)
+	d.last = time.Now()
 	d.mu.Unlock()
 	select {
 	case d.ready <- struct{}{}:
 	default:
+	}
+}
+
+// settledBy forgets what was raised before a full sync that started at
+// start: one tamper's notifications come in several reads, and the sync
+// read the kernel after all of them.
+func (d *driftSignal) settledBy(start time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.worst != tamperNone && d.last.Before(start) {
+		d.worst = tamperNone
+		select {
+		case <-d.ready:
+		default:
+		}
 	}
 }
 

@@ -194,3 +194,57 @@ func TestRunRepairsTamperAtOnce(t *testing.T) {
 		t.Errorf("nftproxy_drift_repairs_total = %v, want ≥ 2", got)
 	}
 }
+
+// countingPauser counts pauses and resumes.
+type countingPauser struct{ paused, resumed int }
+
+func (c *countingPauser) Pause() error  { c.paused++; return nil }
+func (c *countingPauser) Resume() error { c.resumed++; return nil }
+
+// TestSyncPausesNotifications: notifications are paused during a sync's
+// batches; a commit of another program meanwhile, which nobody heard,
+// raises the drift signal as a possible tamper.
+func TestSyncPausesNotifications(t *testing.T) {
+	k := &recordingKernel{}
+	n := &countingPauser{}
+	p := New(Options{Configs: []Config{testConfig}, Kernel: k, Notifications: n})
+	snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if n.paused != 1 || n.resumed != 1 {
+		t.Errorf("paused %d, resumed %d times; want 1, 1", n.paused, n.resumed)
+	}
+	select {
+	case <-p.drift.ready:
+		t.Error("drift raised by our own commits")
+	default:
+	}
+	p.opts.Kernel = &racingKernel{recordingKernel: k}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.drift.ready:
+		if got := p.drift.take(); got != tamperUnknown {
+			t.Errorf("drift = %v, want unknown", got)
+		}
+	default:
+		t.Error("a foreign commit during a paused sync raised nothing")
+	}
+}
+
+func TestDriftSettledByFullSync(t *testing.T) {
+	d := newDriftSignal()
+	d.raise(tamperForeign)
+	start := time.Now()
+	d.settledBy(start)
+	if got := d.take(); got != tamperNone {
+		t.Errorf("a tamper raised before a full sync started: %v left", got)
+	}
+	d.raise(tamperForeign)
+	d.settledBy(start)
+	if got := d.take(); got != tamperForeign {
+		t.Errorf("a tamper raised during the sync: %v left, want foreign", got)
+	}
+}

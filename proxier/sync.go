@@ -65,6 +65,16 @@ type Options struct {
 	// OwnPort tells whether a netlink port ID is one of the sockets Kernel
 	// commits on, so that Notify can tell our commits from others'.
 	OwnPort func(port uint32) bool
+	// Notifications, when set, is paused during each sync's batches (see
+	// nftmodel.Watcher.Pause); a commit of another program meanwhile, told
+	// by the generation, makes Run repair at once.
+	Notifications Pauser
+}
+
+// Pauser is a subscription to notifications that can be paused.
+type Pauser interface {
+	Pause() error
+	Resume() error
 }
 
 // Proxier keeps the kernel's tables equal to the compiled snapshot.
@@ -159,12 +169,16 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			continue
 		case <-due:
 		}
+		syncStart := time.Now()
 		err := p.Sync(ctx, src.Snapshot(), full)
 		lastSync = time.Now()
 		failed = err != nil
 		if failed {
 			full = true
 			continue
+		}
+		if full {
+			p.drift.settledBy(syncStart)
 		}
 		if !queuedAt.IsZero() {
 			p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
@@ -223,6 +237,16 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.genKnown = false
 	before, genErr := p.opts.Kernel.Generation()
 	wasKnown = wasKnown && genErr == nil && before == p.gen
+	paused := p.opts.Notifications != nil && p.opts.Notifications.Pause() == nil
+	resume := func() {
+		if paused {
+			if err := p.opts.Notifications.Resume(); err != nil {
+				log.Error("Resuming nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+			}
+			paused = false
+		}
+	}
+	defer resume()
 	allFull := true
 	var commits uint32
 	diff, sorted := diffSnapshots(p.prev, snap)
@@ -259,8 +283,15 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
 		}
 	}
-	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits && (wasKnown || allFull) {
+	wasPaused := paused
+	resume()
+	after, err := p.opts.Kernel.Generation()
+	if genErr == nil && err == nil && after-before == commits && (wasKnown || allFull) {
 		p.gen, p.genKnown = after, true
+	}
+	if wasPaused && (genErr != nil || err != nil || after-before != commits) {
+		// Another program committed while nobody listened: maybe to our tables.
+		p.drift.raise(tamperUnknown)
 	}
 	elapsed := time.Since(start)
 	mt.SyncDuration.Observe(elapsed.Seconds())

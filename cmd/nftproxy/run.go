@@ -97,14 +97,22 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
-	px := proxier.New(popts)
 	// Other programs' changes to our tables are repaired at once, not at
 	// the next --sync-period; without notifications only the period does it.
-	go func() {
-		if err := nftmodel.Watch(ctx, 0, px.Notify); err != nil && ctx.Err() == nil {
-			log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
-		}
-	}()
+	watcher, err := nftmodel.NewWatcher(0)
+	if err != nil {
+		log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+	} else {
+		popts.Notifications = watcher
+	}
+	px := proxier.New(popts)
+	if watcher != nil {
+		go func() {
+			if err := watcher.Run(ctx, px.Notify); err != nil && ctx.Err() == nil {
+				log.Error("Reading nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+			}
+		}()
+	}
 	px.Run(ctx, tracker)
 	log.Info("Stopping; the rules stay in place")
 	return nil
