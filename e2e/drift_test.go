@@ -52,7 +52,7 @@ func TestDriftRepairedAtOnce(t *testing.T) {
 
 	for _, tamper := range [][]string{
 		{"flush", "ruleset"},
-		{"delete", "element", "ip", "nftproxy", "endpoint-0", "{ 10.96.0.10 . tcp . 80 }"},
+		{"delete", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.10 . tcp . 80 . 0 }"},
 		{"delete", "table", "ip", "nftproxy"},
 	} {
 		time.Sleep(300 * time.Millisecond) // connections succeed meanwhile

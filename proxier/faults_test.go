@@ -258,8 +258,8 @@ func TestSyncKernelRefusals(t *testing.T) {
 		tamper []string
 		named  string
 	}{
-		{"element clash", []string{"add", "element", "ip", TableName, "endpoint-0", "{ 10.96.0.20 . tcp . 80 : 10.244.9.9 . 9999 }"},
-			"elements of set endpoint-0"},
+		{"element clash", []string{"add", "element", "ip", TableName, "endpoints", "{ 10.96.0.20 . tcp . 80 . 0 : 10.244.9.9 . 9999 }"},
+			"elements of set endpoints"},
 		{"base chain in the way", []string{"add", "chain", "ip", TableName, "cluster-ip-5", "{ type filter hook input priority 0; }"},
 			"elements of set service-ips"},
 	} {
