@@ -4,7 +4,7 @@ BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.7.0
 
-.PHONY: all build demo test unit lint staticcheck k8s-bins bench image clean
+.PHONY: all build demo test unit race fuzz lint staticcheck k8s-bins bench image clean
 
 all: build
 
@@ -16,10 +16,24 @@ build:
 demo: build
 	$(BIN)/demo --nftproxy $(BIN)/nftproxy --manifests deploy/examples
 
-# Everything: lint, unit tests, kernel tests (as root) and the API-server tests.
-test: lint k8s-bins
+# Everything: lint, the unit tier under the race detector, unit tests, kernel
+# tests (as root, with the fuzz targets' seed corpora) and the API-server tests.
+test: lint race k8s-bins
 	@command -v promtool >/dev/null && command -v buildah >/dev/null || { apt-get update && apt-get install -y --no-install-recommends prometheus buildah; }
 	$(GO) test -count=1 -timeout 40m ./...
+
+# The unit tier (no root, no API server) under the race detector.
+race:
+	$(GO) test -count=1 -race -short -timeout 20m ./...
+
+# Each fuzz target for FUZZTIME (plain go test runs their seed corpora only);
+# FuzzCompileKernel needs root. Crashers land in the package's testdata/fuzz.
+FUZZTIME ?= 1m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzTracker$$' -fuzztime $(FUZZTIME) ./k8s/
+	$(GO) test -run '^$$' -fuzz '^FuzzManifests$$' -fuzztime $(FUZZTIME) ./k8s/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(FUZZTIME) ./nftmodel/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompileKernel$$' -fuzztime $(FUZZTIME) ./proxier/
 
 # Only what needs neither root nor a built API server.
 unit:

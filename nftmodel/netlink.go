@@ -3,12 +3,12 @@ package nftmodel
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,8 +33,46 @@ const maxCommentLen = 128
 // the batches go to the dialer instead.
 type Conn struct {
 	*nftables.Conn
+	// SendTimeout bounds the sending of one batch (0: DefaultSendTimeout).
+	SendTimeout time.Duration
+
 	mu      sync.Mutex
-	batches *netlink.Conn
+	batches BatchSocket
+	wrap    func(BatchSocket) BatchSocket
+	ports   []uint32 // port IDs of the last batch sockets, the newest last
+}
+
+// DefaultSendTimeout bounds the sending of a batch when Conn.SendTimeout is
+// not set; the kernel handles even a 50,000-service batch in under a second.
+const DefaultSendTimeout = 30 * time.Second
+
+func (c *Conn) sendTimeout() time.Duration {
+	if c.SendTimeout > 0 {
+		return c.SendTimeout
+	}
+	return DefaultSendTimeout
+}
+
+// WrapBatches makes every batch socket the connection opens from now on go
+// through wrap: tests inject faults that way. The socket already open is
+// closed.
+func (c *Conn) WrapBatches(wrap func(BatchSocket) BatchSocket) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.batches != nil {
+		_ = c.batches.Close()
+		c.batches = nil
+	}
+	c.wrap = wrap
+}
+
+// OwnPort tells whether port is the netlink port ID of one of the
+// connection's recent batch sockets: the kernel's notifications of our own
+// commits carry it.
+func (c *Conn) OwnPort(port uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.ports, port)
 }
 
 // NewConn wraps a google/nftables connection; close it with CloseLasting.

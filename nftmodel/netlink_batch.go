@@ -442,8 +442,15 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 		where += "; the ruleset changed since it was read"
 		err = refused.errno
 	default:
-		if i := refused.seq - first - 1; i < uint32(len(what)) {
-			where = fmt.Sprintf("message %d of %d: %s", i+1, len(what), what[i])
+		// The kernel answers a failed commit, and a batch begin it
+		// refuses, with the begin's number.
+		switch i := refused.seq - first; {
+		case i == 0:
+			where += "; refused at its begin or in the commit"
+		case i <= uint32(len(what)):
+			where = fmt.Sprintf("message %d of %d: %s", i, len(what), what[i-1])
+		default:
+			where += "; refused at its end"
 		}
 		err = refused.errno
 	}

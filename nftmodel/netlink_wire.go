@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -238,9 +239,10 @@ type refusal struct {
 
 // sendBatch sends a written batch of msgs messages numbered from seq on
 // conn's batch socket and returns the first refusal in the kernel's replies,
-// if any. The kernel handles a batch
-// while sendmsg runs, so every reply is queued when it returns. conn's test
-// dialer, when it has one, stands in for the kernel.
+// if any. The kernel handles a batch while sendmsg runs, so every reply is
+// queued when it returns. conn's test dialer, when it has one, stands in for
+// the kernel. After any error the socket is dropped, so that replies left of
+// this batch can't reach the next one.
 func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
 	if conn.TestDial != nil {
 		return sendBatchTest(conn, buf, seq, msgs)
@@ -251,51 +253,30 @@ func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The kernel refuses a message longer than the send buffer; replies
-	// (rules are echoed) get 1 KiB per message, as nft gives them.
-	if err := sock.SetWriteBuffer(len(buf) + 4096); err != nil {
-		return nil, fmt.Errorf("size send buffer: %w", err)
-	}
-	if err := sock.SetReadBuffer(max(1<<20, msgs*1024)); err != nil {
-		return nil, fmt.Errorf("size receive buffer: %w", err)
-	}
-	rc, err := sock.SyscallConn()
+	first, err := exchange(sock, buf, seq, msgs, time.Now().Add(conn.sendTimeout()))
 	if err != nil {
-		return nil, fmt.Errorf("get raw socket: %w", err)
+		_ = sock.Close()
+		conn.batches = nil
 	}
-	var serr error
-	if err := rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		return !errors.Is(serr, unix.EAGAIN)
-	}); err != nil {
+	return first, err
+}
+
+func exchange(sock BatchSocket, buf []byte, seq uint32, msgs int, deadline time.Time) (*refusal, error) {
+	if err := sock.Send(buf, msgs, deadline); err != nil {
 		return nil, fmt.Errorf("send batch: %w", err)
-	}
-	if serr != nil {
-		return nil, fmt.Errorf("send batch: %w", serr)
 	}
 	var first *refusal
 	rbuf := make([]byte, 64<<10)
 	for {
-		var got int
-		var rerr error
-		if err := rc.Read(func(fd uintptr) bool {
-			got, _, rerr = unix.Recvfrom(int(fd), rbuf, unix.MSG_DONTWAIT)
-			return true // never wait: what has not come is not coming
-		}); err != nil {
-			return nil, fmt.Errorf("receive replies: %w", err)
-		}
+		got, err := sock.Receive(rbuf)
 		switch {
-		case errors.Is(rerr, unix.EAGAIN):
+		case errors.Is(err, unix.EAGAIN):
 			return first, nil
-		case errors.Is(rerr, unix.EINTR):
+		case errors.Is(err, unix.EINTR):
 			continue
-		case rerr != nil:
-			// ENOBUFS: replies were dropped; the caller says what that
-			// means. Whatever else is queued belongs to this batch: drop the
-			// socket so the next batch starts clean.
-			_ = sock.Close()
-			conn.batches = nil
-			return nil, fmt.Errorf("receive replies: %w", rerr)
+		case err != nil:
+			// ENOBUFS: replies were dropped; the caller says what that means.
+			return nil, fmt.Errorf("receive replies: %w", err)
 		}
 		replies, err := splitMessages(rbuf[:got])
 		if err != nil {
@@ -307,9 +288,77 @@ func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
 	}
 }
 
+// BatchSocket carries batches to the kernel and its replies back: the
+// netfilter socket a Conn opens, or a test's wrapper around it that injects
+// faults (Conn.WrapBatches).
+type BatchSocket interface {
+	// Send writes a batch of msgs messages as one datagram; it gives up at
+	// deadline.
+	Send(batch []byte, msgs int, deadline time.Time) error
+	// Receive reads one datagram of replies into buf without waiting:
+	// unix.EAGAIN when none is queued.
+	Receive(buf []byte) (int, error)
+	// PortID is the socket's netlink port ID, which the kernel's
+	// notifications of the batches it committed carry.
+	PortID() uint32
+	Close() error
+}
+
+// netfilterSocket is the real BatchSocket.
+type netfilterSocket struct{ c *netlink.Conn }
+
+func (s netfilterSocket) Send(buf []byte, msgs int, deadline time.Time) error {
+	// The kernel refuses a message longer than the send buffer; replies
+	// (rules are echoed) get 1 KiB per message, as nft gives them.
+	if err := s.c.SetWriteBuffer(len(buf) + 4096); err != nil {
+		return fmt.Errorf("size send buffer: %w", err)
+	}
+	if err := s.c.SetReadBuffer(max(1<<20, msgs*1024)); err != nil {
+		return fmt.Errorf("size receive buffer: %w", err)
+	}
+	if err := s.c.SetWriteDeadline(deadline); err != nil {
+		return fmt.Errorf("set deadline: %w", err)
+	}
+	rc, err := s.c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("get raw socket: %w", err)
+	}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return !errors.Is(serr, unix.EAGAIN)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+func (s netfilterSocket) Receive(buf []byte) (int, error) {
+	rc, err := s.c.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("get raw socket: %w", err)
+	}
+	var got int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		// MSG_TRUNC: the datagram's length even when buf was too short.
+		got, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+		return true // never wait: what has not come is not coming
+	}); err != nil {
+		return 0, err
+	}
+	if rerr == nil && got > len(buf) {
+		return 0, fmt.Errorf("reply of %d bytes truncated to %d", got, len(buf))
+	}
+	return got, rerr
+}
+
+func (s netfilterSocket) PortID() uint32 { return s.c.PID() }
+func (s netfilterSocket) Close() error   { return s.c.Close() }
+
 // batchSocket returns the batch socket, opening it in the connection's
 // namespace the first time. The caller holds conn.mu.
-func (c *Conn) batchSocket() (*netlink.Conn, error) {
+func (c *Conn) batchSocket() (BatchSocket, error) {
 	if c.batches != nil {
 		return c.batches, nil
 	}
@@ -323,9 +372,22 @@ func (c *Conn) batchSocket() (*netlink.Conn, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("set netlink option: %w", err)
 	}
-	c.batches = sock
-	return sock, nil
+	var bs BatchSocket = netfilterSocket{sock}
+	if c.wrap != nil {
+		bs = c.wrap(bs)
+	}
+	c.batches = bs
+	c.ports = append(c.ports, bs.PortID())
+	if len(c.ports) > maxPorts {
+		c.ports = c.ports[1:]
+	}
+	return bs, nil
 }
+
+// maxPorts is how many of its batch sockets' port IDs a Conn remembers:
+// the notifications of a closed socket's last commits may still be queued
+// for a monitor when the next socket opens.
+const maxPorts = 4
 
 // sendBatchTest hands the batch's messages to conn's test dialer, as the
 // library would, and reads its replies as the kernel's.

@@ -18,6 +18,7 @@ type Metrics struct {
 	FullSyncs          prometheus.Counter
 	SyncFailures       prometheus.Counter
 	ResyncsSkipped     prometheus.Counter
+	DriftRepairs       prometheus.Counter
 	BatchMessages      prometheus.Histogram
 	InvalidObjects     *prometheus.CounterVec
 	ConntrackDeleted   prometheus.Counter
@@ -48,6 +49,8 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_sync_failures_total", Help: "Syncs whose netlink batch failed."}),
 		ResyncsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nftproxy_resync_skipped_total", Help: "Periodic full syncs skipped because no nftables commit happened since the last sync."}),
+		DriftRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nftproxy_drift_repairs_total", Help: "Full syncs started because another program changed nftproxy's tables."}),
 		BatchMessages: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "nftproxy_batch_messages", Help: "Netlink messages per applied batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 12)}),
 		InvalidObjects: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -62,7 +65,7 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_ruleset_elements", Help: "Set and map elements in the applied ruleset."}, []string{"family"}),
 	}
 	mt.Registry.MustRegister(mt.SyncDuration, mt.SyncLastTimestamp, mt.NetworkProgramming, mt.EndpointChanges,
-		mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.BatchMessages, mt.InvalidObjects,
+		mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.DriftRepairs, mt.BatchMessages, mt.InvalidObjects,
 		mt.ConntrackDeleted, mt.ConntrackDuration, mt.ConntrackFailures, mt.RulesetElements,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return mt

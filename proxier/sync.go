@@ -62,6 +62,19 @@ type Options struct {
 	// before the first) leaves garbage several times the live heap, which
 	// would otherwise stay resident until the runtime's next collection.
 	ReleaseMemory bool
+	// OwnPort tells whether a netlink port ID is one of the sockets Kernel
+	// commits on, so that Notify can tell our commits from others'.
+	OwnPort func(port uint32) bool
+	// Notifications, when set, is paused during each sync's batches (see
+	// nftmodel.Watcher.Pause); a commit of another program meanwhile, told
+	// by the generation, makes Run repair at once.
+	Notifications Pauser
+}
+
+// Pauser is a subscription to notifications that can be paused.
+type Pauser interface {
+	Pause() error
+	Resume() error
 }
 
 // Proxier keeps the kernel's tables equal to the compiled snapshot.
@@ -75,6 +88,8 @@ type Proxier struct {
 	genKnown bool
 	// flowsFailed: the last conntrack cleanup failed; the next sync retries.
 	flowsFailed bool
+	// drift: Notify saw another program change our tables.
+	drift *driftSignal
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -93,7 +108,7 @@ func New(opts Options) *Proxier {
 		families = append(families, map[m.Family]string{m.IPv4: "IPv4", m.IPv6: "IPv6"}[c.Family])
 	}
 	opts.Health.SetFamilies(families...)
-	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}}
+	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal()}
 }
 
 // retryDelay is the least wait after a failed sync, so a kernel that keeps
@@ -138,14 +153,32 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			}
 			pending, full = true, true
 			continue
+		case <-p.drift.ready:
+			// Lost notifications matter only if a commit not ours happened
+			// since the last sync. The due timer keeps a tamper storm to one
+			// repair per MinSyncPeriod.
+			t := p.drift.take()
+			if t == tamperNone || (t == tamperUnknown && !failed && p.sameGeneration()) {
+				continue
+			}
+			if !pending || !full {
+				p.opts.Metrics.DriftRepairs.Inc()
+				p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
+			}
+			pending, full = true, true
+			continue
 		case <-due:
 		}
+		syncStart := time.Now()
 		err := p.Sync(ctx, src.Snapshot(), full)
 		lastSync = time.Now()
 		failed = err != nil
 		if failed {
 			full = true
 			continue
+		}
+		if full {
+			p.drift.settledBy(syncStart)
 		}
 		if !queuedAt.IsZero() {
 			p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
@@ -166,17 +199,24 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 // reported in the last-sync timestamp, as it verified the rules). Not while
 // a conntrack cleanup waits for its retry.
 func (p *Proxier) unchanged() bool {
-	if !p.genKnown || p.flowsFailed {
+	if p.flowsFailed || !p.sameGeneration() {
 		return false
 	}
-	gen, err := p.opts.Kernel.Generation()
-	if err != nil || gen != p.gen {
-		return false
-	}
+	gen := p.gen
 	p.opts.Metrics.ResyncsSkipped.Inc()
 	p.opts.Metrics.SyncLastTimestamp.SetToCurrentTime()
 	p.opts.Logger.Debug("Resync skipped: no nftables commit since the last sync", zap.Uint32("generation", gen))
 	return true
+}
+
+// sameGeneration tells whether no nftables commit happened in the
+// namespace since the last sync, which left the tables as it meant to.
+func (p *Proxier) sameGeneration() bool {
+	if !p.genKnown {
+		return false
+	}
+	gen, err := p.opts.Kernel.Generation()
+	return err == nil && gen == p.gen
 }
 
 // Sync compiles snap and brings every family's table to it: the whole table
@@ -191,8 +231,23 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	p.opts.Health.SetNode(snap.Node)
 	// The generation before and after tells whether the sync's commits
 	// were the only ones; only then is the kernel known to hold our rules.
+	// A commit of someone else since the last sync is repaired only by a
+	// full sync of every family.
+	wasKnown := p.genKnown
 	p.genKnown = false
 	before, genErr := p.opts.Kernel.Generation()
+	wasKnown = wasKnown && genErr == nil && before == p.gen
+	paused := p.opts.Notifications != nil && p.opts.Notifications.Pause() == nil
+	resume := func() {
+		if paused {
+			if err := p.opts.Notifications.Resume(); err != nil {
+				log.Error("Resuming nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+			}
+			paused = false
+		}
+	}
+	defer resume()
+	allFull := true
 	var commits uint32
 	diff, sorted := diffSnapshots(p.prev, snap)
 	mt.ServiceChanges.Add(float64(diff.serviceChanges))
@@ -215,6 +270,8 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		}
 		if kind == "full" {
 			mt.FullSyncs.Inc()
+		} else {
+			allFull = false
 		}
 		if stats.Messages > 0 {
 			mt.BatchMessages.Observe(float64(stats.Messages))
@@ -226,8 +283,15 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
 		}
 	}
-	if after, err := p.opts.Kernel.Generation(); genErr == nil && err == nil && after-before == commits {
+	wasPaused := paused
+	resume()
+	after, err := p.opts.Kernel.Generation()
+	if genErr == nil && err == nil && after-before == commits && (wasKnown || allFull) {
 		p.gen, p.genKnown = after, true
+	}
+	if wasPaused && (genErr != nil || err != nil || after-before != commits) {
+		// Another program committed while nobody listened: maybe to our tables.
+		p.drift.raise(tamperUnknown)
 	}
 	elapsed := time.Since(start)
 	mt.SyncDuration.Observe(elapsed.Seconds())

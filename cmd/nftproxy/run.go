@@ -85,7 +85,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	hc := proxier.NewHealthChecks(log, health)
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
-		Kernel: kernel(ctx, o, conn, len(cfgs), log), Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
+		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
 		ReleaseMemory: true}
 	if o.conntrack {
 		ct, err := conntrack.Dial(0)
@@ -108,7 +108,23 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
-	proxier.New(popts).Run(ctx, tracker)
+	// Other programs' changes to our tables are repaired at once, not at
+	// the next --sync-period; without notifications only the period does it.
+	watcher, err := nftmodel.NewWatcher(0)
+	if err != nil {
+		log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+	} else {
+		popts.Notifications = watcher
+	}
+	px := proxier.New(popts)
+	if watcher != nil {
+		go func() {
+			if err := watcher.Run(ctx, px.Notify); err != nil && ctx.Err() == nil {
+				log.Error("Reading nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
+			}
+		}()
+	}
+	px.Run(ctx, tracker)
 	log.Info("Stopping; the rules stay in place")
 	return nil
 }

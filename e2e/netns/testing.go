@@ -37,8 +37,12 @@ func Usable() string {
 }
 
 // Require skips the test when network namespaces can't be made here.
+// Kernel tests are not unit tests: -short skips them too.
 func Require(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("kernel test: skipped with -short")
+	}
 	if reason := Usable(); reason != "" {
 		t.Skip(reason)
 	}

@@ -1,0 +1,115 @@
+package k8s_test
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/nftproxy/nftproxy/k8s"
+)
+
+// FuzzObjects is the input of the tracker's fuzz targets: API objects in
+// JSON, with any field values, including ones the API server would reject.
+type FuzzObjects struct {
+	Services []*v1.Service                `json:"services"`
+	Slices   []*discoveryv1.EndpointSlice `json:"slices"`
+	Node     *v1.Node                     `json:"node"`
+}
+
+// TrackFuzzObjects decodes data as FuzzObjects and returns what a tracker
+// makes of them; false when data is not such JSON.
+func TrackFuzzObjects(data []byte) (*k8s.Snapshot, bool) {
+	var objs FuzzObjects
+	if json.Unmarshal(data, &objs) != nil {
+		return nil, false
+	}
+	// Informers never hand over nil objects.
+	var svcs []*v1.Service
+	for _, s := range objs.Services {
+		if s != nil {
+			svcs = append(svcs, s)
+		}
+	}
+	var slices []*discoveryv1.EndpointSlice
+	for _, s := range objs.Slices {
+		if s != nil {
+			slices = append(slices, s)
+		}
+	}
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	tr.ReplaceAll(svcs, slices, objs.Node)
+	return tr.Snapshot(), true
+}
+
+// FuzzTracker: any objects give a snapshot the compiler can rely on (sorted
+// and unique service ports, valid addresses and ports, sorted endpoints),
+// the same every time, and never a panic.
+func FuzzTracker(f *testing.F) {
+	// The seeds are in testdata/fuzz/FuzzTracker.
+	f.Fuzz(func(t *testing.T, data []byte) {
+		snap, ok := TrackFuzzObjects(data)
+		if !ok {
+			return
+		}
+		CheckSnapshot(t, snap)
+		again, _ := TrackFuzzObjects(data)
+		if !reflect.DeepEqual(snap.Services, again.Services) {
+			t.Errorf("the same objects made two snapshots:\n%+v\n%+v", snap.Services, again.Services)
+		}
+	})
+}
+
+// CheckSnapshot reports what in snap breaks the tracker's promises.
+func CheckSnapshot(t *testing.T, snap *k8s.Snapshot) {
+	t.Helper()
+	for i := range snap.Services {
+		sp := &snap.Services[i]
+		if i > 0 && snap.Services[i-1].Name.Compare(sp.Name) >= 0 {
+			t.Errorf("service ports not sorted and unique: %v then %v", snap.Services[i-1].Name, sp.Name)
+		}
+		if sp.Port == 0 {
+			t.Errorf("%v: port 0", sp.Name)
+		}
+		switch sp.Name.Protocol {
+		case k8s.TCP, k8s.UDP, k8s.SCTP:
+		default:
+			t.Errorf("%v: protocol %q", sp.Name, sp.Name.Protocol)
+		}
+		for _, list := range [][]any{addrs(sp.ClusterIPs), addrs(sp.ExternalIPs), addrs(sp.LoadBalancerIPs)} {
+			for _, a := range list {
+				if a == nil {
+					t.Errorf("%v: invalid address", sp.Name)
+				}
+			}
+		}
+		for _, p := range sp.LoadBalancerSourceRanges {
+			if !p.IsValid() || p != p.Masked() {
+				t.Errorf("%v: source range %v", sp.Name, p)
+			}
+		}
+		for j, e := range sp.Endpoints {
+			if !e.Addr.IsValid() || e.Addr.Zone() != "" || e.Port == 0 {
+				t.Errorf("%v: endpoint %v:%d", sp.Name, e.Addr, e.Port)
+			}
+			if j > 0 {
+				p := sp.Endpoints[j-1]
+				if c := p.Addr.Compare(e.Addr); c > 0 || (c == 0 && p.Port >= e.Port) {
+					t.Errorf("%v: endpoints not sorted and unique: %v:%d then %v:%d", sp.Name, p.Addr, p.Port, e.Addr, e.Port)
+				}
+			}
+		}
+	}
+}
+
+func addrs[T interface{ IsValid() bool }](as []T) []any {
+	out := make([]any, len(as))
+	for i, a := range as {
+		if a.IsValid() {
+			out[i] = a
+		}
+	}
+	return out
+}

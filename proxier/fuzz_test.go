@@ -1,0 +1,104 @@
+package proxier
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// fuzzSnapshot makes a snapshot of API objects in JSON, with any field
+// values, as the tracker would (k8s's FuzzTracker takes the same input).
+func fuzzSnapshot(data []byte) (*k8s.Snapshot, bool) {
+	var objs struct {
+		Services []*v1.Service                `json:"services"`
+		Slices   []*discoveryv1.EndpointSlice `json:"slices"`
+		Node     *v1.Node                     `json:"node"`
+	}
+	if json.Unmarshal(data, &objs) != nil {
+		return nil, false
+	}
+	var svcs []*v1.Service
+	for _, s := range objs.Services {
+		if s != nil {
+			svcs = append(svcs, s)
+		}
+	}
+	var slices []*discoveryv1.EndpointSlice
+	for _, s := range objs.Slices {
+		if s != nil {
+			slices = append(slices, s)
+		}
+	}
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	tr.ReplaceAll(svcs, slices, objs.Node)
+	return tr.Snapshot(), true
+}
+
+// fuzzConfigs are the compile configurations of both families, varied by
+// the bits of flags.
+func fuzzConfigs(flags uint8) []Config {
+	v4 := Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	v6 := Config{Family: m.IPv6, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:10:244::/48")}}
+	if flags&1 != 0 {
+		v4.MasqueradeAll, v6.MasqueradeAll = true, true
+	}
+	if flags&2 != 0 {
+		v4.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+		v6.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("fd00:77::/64")}
+	}
+	if flags&4 != 0 {
+		v4.LocalhostNodePorts = true
+	}
+	if flags&8 != 0 {
+		v4.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+		v6.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:96::/112")}
+	}
+	if flags&16 != 0 {
+		v4.ClusterCIDRs, v6.ClusterCIDRs = nil, nil
+	}
+	return []Config{v4, v6}
+}
+
+// FuzzCompileKernel: every ruleset Compile makes of any objects loads with
+// `nft -f`, and `nft list table` prints it exactly as Render does. Needs
+// root and network namespaces (one per fuzz worker).
+func FuzzCompileKernel(f *testing.F) {
+	// The seeds are in testdata/fuzz/FuzzCompileKernel.
+	ns := netns.New(f, "pfz")
+	script := filepath.Join(f.TempDir(), "ruleset.nft")
+	f.Fuzz(func(t *testing.T, data []byte, flags uint8) {
+		snap, ok := fuzzSnapshot(data)
+		if !ok {
+			return
+		}
+		for _, cfg := range fuzzConfigs(flags) {
+			rs := Compile(snap, cfg)
+			text := m.Render(rs)
+			// Create-then-delete makes the load replace the table atomically.
+			load := "table " + rs.Family.String() + " " + rs.Table + "\ndelete table " + rs.Family.String() + " " + rs.Table + "\n" + text
+			if err := os.WriteFile(script, []byte(load), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := ns.Exec("nft", "-f", script); err != nil {
+				t.Fatalf("nft -f refused the %s ruleset: %v\n%s\n%s", rs.Family, err, out, text)
+			}
+			got, err := ns.Exec("nft", "list", "table", rs.Family.String(), rs.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(text, got); diff != "" {
+				t.Errorf("nft list table differs from the render (-render +listed):\n%s", diff)
+			}
+		}
+	})
+}
