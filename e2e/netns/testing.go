@@ -36,12 +36,14 @@ func Usable() string {
 	return probe.reason
 }
 
-// Require skips the test when network namespaces can't be made here.
-// Kernel tests are not unit tests: -short skips them too.
+// Require skips the test in -short mode, before anything touches the
+// kernel, and when network namespaces can't be made here. Every test that
+// needs root or the kernel goes through it (New and NewTopology call it), so
+// `go test -short ./...` run as root makes no namespace.
 func Require(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("kernel test: skipped with -short")
+		t.Skip("skipping: needs root and network namespaces, which -short leaves out")
 	}
 	if reason := Usable(); reason != "" {
 		t.Skip(reason)
