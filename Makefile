@@ -4,7 +4,7 @@ BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.7.0
 
-.PHONY: all build demo test unit race fuzz lint staticcheck k8s-bins bench image clean
+.PHONY: all build deps demo test unit race fuzz lint staticcheck k8s-bins bench image clean
 
 all: build
 
@@ -12,14 +12,18 @@ build:
 	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
 	$(GO) build -o $(BIN)/demo ./cmd/demo
 
+# Root, and the system packages the kernel tiers use (installed when
+# missing; see e2e/deps.sh). Says in one line why when it can't.
+deps:
+	@bash e2e/deps.sh $(if $(filter demo,$(MAKECMDGOALS)),demo,test)
+
 # A sandbox of network namespaces, nftproxy serving deploy/examples in it.
-demo: build
+demo: deps build
 	$(BIN)/demo --nftproxy $(BIN)/nftproxy --manifests deploy/examples
 
 # Everything: lint, the unit tier under the race detector, unit tests, kernel
 # tests (as root, with the fuzz targets' seed corpora) and the API-server tests.
-test: lint race k8s-bins
-	@command -v promtool >/dev/null && command -v buildah >/dev/null || { apt-get update && apt-get install -y --no-install-recommends prometheus buildah; }
+test: deps lint race k8s-bins
 	$(GO) test -count=1 -timeout 40m ./...
 
 # The unit tier (no root, no API server) under the race detector.
