@@ -10,7 +10,8 @@ import (
 )
 
 // TestGoldenRulesetsThroughNetlink applies every golden ruleset over netlink
-// in a fresh namespace: `nft list table` must print exactly the golden text.
+// in a fresh namespace: `nft list table` must print exactly the golden text,
+// and so must the table read back with nftmodel.Read (`nftproxy list`).
 // (The goldens also load with `nft -f` and list back unchanged; the nftmodel
 // differential test proves that side for every expression.)
 func TestGoldenRulesetsThroughNetlink(t *testing.T) {
@@ -33,6 +34,13 @@ func TestGoldenRulesetsThroughNetlink(t *testing.T) {
 			}
 			if diff := cmp.Diff(m.Render(rs), got); diff != "" {
 				t.Errorf("nft list table after a netlink apply (-rendered +listed):\n%s", diff)
+			}
+			read, err := m.Read(conn, rs.Family, rs.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(m.Render(rs), m.Render(read)); diff != "" {
+				t.Errorf("table read back after a netlink apply (-rendered +read):\n%s", diff)
 			}
 		})
 	}

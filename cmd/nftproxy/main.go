@@ -4,6 +4,7 @@
 //	nftproxy [run] --manifests DIR | --kubeconfig FILE [flags]
 //	nftproxy dump --manifests DIR [flags]
 //	nftproxy explain --manifests DIR --src A --dst B --proto tcp --port N
+//	nftproxy list [--family ip|ip6]
 //	nftproxy cleanup [--kube-proxy]
 package main
 
@@ -44,12 +45,15 @@ func run(args []string) error {
 		fs.StringVar(&o.proto, "proto", "tcp", "tcp, udp or sctp")
 		fs.UintVar(&o.port, "port", 0, "destination port of the packet")
 	}
+	var family string
 	switch cmd {
 	case "run":
 		fs.BoolVar(&o.cleanupKubeProxy, "cleanup-kube-proxy", false,
 			"replace kube-proxy's rules: its nftables tables go in the batch of the first sync, its iptables chains right after it")
 	case "cleanup":
 		fs.BoolVar(&o.cleanupKubeProxy, "kube-proxy", false, "remove kube-proxy's nftables tables and iptables chains instead of nftproxy's tables")
+	case "list":
+		fs.StringVar(&family, "family", "", "ip or ip6 (default: both)")
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -85,13 +89,15 @@ func run(args []string) error {
 		return dump(os.Stdout, &o, logger)
 	case "explain":
 		return explain(os.Stdout, &o, logger)
+	case "list":
+		return list(os.Stdout, family)
 	case "cleanup":
 		if o.cleanupKubeProxy {
 			return cleanupKubeProxy(ctx, logger)
 		}
 		return cleanup()
 	}
-	return fmt.Errorf("unknown command %q (want run, dump, explain, cleanup or version)", cmd)
+	return fmt.Errorf("unknown command %q (want run, dump, explain, list, cleanup or version)", cmd)
 }
 
 // newLogger logs structured lines to stderr; -v 2 enables debug, -v 4 also
