@@ -32,7 +32,9 @@
 //
 // RunInformers watches Services, EndpointSlices and this node's Node with the
 // label selectors kube-proxy uses; apply nothing before it reports synced.
-// WatchDir loads a manifest directory and polls it, applying a change within
-// a second and keeping the last good state while a file is broken; LoadDir
-// reads one once.
+// WatchDir loads a manifest directory and watches it with inotify, reading
+// each changed file on its own clock (DefaultSettle after it was renamed in
+// or last written in place; see WatchDir for when a file counts): a file
+// that is broken keeps its last good objects while the others apply. LoadDir
+// reads a directory once.
 package k8s

@@ -92,8 +92,8 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		// Write and rename, as an editor or a ConfigMap update would, so a
-		// poll never sees half a file.
+		// Write and rename, as an editor or a ConfigMap update would, so
+		// the watcher never sees half a file.
 		tmp := filepath.Join(dir, ".tmp-"+filepath.Base(name))
 		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
@@ -249,25 +249,25 @@ func TestWatchDir(t *testing.T) {
 		t.Errorf("endpoints %q", got)
 	}
 
-	// Broken YAML: the last good state stays, the file is named.
+	// Broken YAML: the file keeps its last good objects, and is named.
 	good := tr.Snapshot()
 	writeFiles(t, dir, map[string]string{"services.yaml": servicesYAML + "\n---\nkind: [unclosed\n"})
 	deadline := time.Now().Add(3 * time.Second)
-	for logs.FilterMessage("Cannot load manifests, keeping the last good state").Len() == 0 {
+	for logs.FilterMessage("Cannot load manifest file, keeping its last good objects").Len() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("broken file not reported")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	entry := logs.FilterMessage("Cannot load manifests, keeping the last good state").All()[0]
+	entry := logs.FilterMessage("Cannot load manifest file, keeping its last good objects").All()[0]
 	if entry.ContextMap()["file"] != "services.yaml" {
 		t.Errorf("log names %v, want services.yaml", entry.ContextMap())
 	}
-	time.Sleep(2 * DefaultPollInterval)
+	time.Sleep(4 * DefaultSettle)
 	if tr.Snapshot() != good {
-		t.Error("snapshot changed while the directory was broken")
+		t.Error("snapshot changed while the only changed file was broken")
 	}
-	if n := logs.FilterMessage("Cannot load manifests, keeping the last good state").Len(); n != 1 {
+	if n := logs.FilterMessage("Cannot load manifest file, keeping its last good objects").Len(); n != 1 {
 		t.Errorf("broken file logged %d times, want once", n)
 	}
 
@@ -318,7 +318,7 @@ func TestWatchDirStops(t *testing.T) {
 
 func TestDecodeUnknownFieldWarns(t *testing.T) {
 	typo := strings.Replace(sliceYAML, "addressType:", "adressType: IPv4\naddressType:", 1)
-	m, err := decodeFiles([]fileContent{{name: "typo.yaml", data: []byte(typo)}})
+	m, err := decodeFile("typo.yaml", []byte(typo))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -154,6 +154,17 @@ func (t *Tracker) report(problems []error) {
 	}
 }
 
+// countInvalid counts a problem a source found and logged itself (a
+// manifest file that can't be read), as the tracker counts its own.
+func (t *Tracker) countInvalid(kind, namespace, name string, err error) {
+	t.mu.Lock()
+	t.stats.Invalid++
+	t.mu.Unlock()
+	if t.opts.OnInvalid != nil {
+		t.opts.OnInvalid(kind, namespace, name, err)
+	}
+}
+
 // SetService adds or updates a Service.
 func (t *Tracker) SetService(svc *v1.Service) {
 	t.update(func(b *batch) { t.setService(b, svc) })

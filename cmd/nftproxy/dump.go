@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -51,7 +50,7 @@ func loadSnapshot(o *options, log *zap.Logger) (*k8s.Snapshot, error) {
 	// One load, the same way the daemon's first one goes; the watch ends at once.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := k8s.WatchDir(ctx, o.manifests, tracker, log, time.Hour); err != nil {
+	if err := k8s.WatchDir(ctx, o.manifests, tracker, log, 0); err != nil {
 		return nil, err
 	}
 	return tracker.Snapshot(), nil

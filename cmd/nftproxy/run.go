@@ -169,7 +169,7 @@ func newTracker(o *options, log *zap.Logger, metrics *proxier.Metrics) (*k8s.Tra
 // server, and returns once the first complete state is in it.
 func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.Tracker) error {
 	if o.manifests != "" {
-		return k8s.WatchDir(ctx, o.manifests, tracker, log, 500*time.Millisecond)
+		return k8s.WatchDir(ctx, o.manifests, tracker, log, 0)
 	}
 	var cfg *rest.Config
 	var err error

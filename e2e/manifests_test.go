@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// kernelTable reads the node's ip nftproxy table back over netlink, as
+// `nftproxy list` prints it.
+func (s *scenario) kernelTable() string {
+	s.t.Helper()
+	conn, err := nftmodel.Dial(s.topo.Node.Fd())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer func() { _ = conn.CloseLasting() }()
+	rs, err := nftmodel.Read(conn, nftmodel.IPv4, "nftproxy")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return nftmodel.Render(rs)
+}
+
+// waitKernel polls the kernel's table until ok accepts it and returns how
+// long that took; it fails the test after limit.
+func (s *scenario) waitKernel(what string, limit time.Duration, ok func(table string) bool) time.Duration {
+	s.t.Helper()
+	start := time.Now()
+	for {
+		table := s.kernelTable()
+		if ok(table) {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			s.t.Fatalf("%s: not in the kernel after %v; table:\n%s", what, limit, table)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// syncs is the daemon's count of syncs, from its metrics.
+func (s *scenario) syncs() uint64 {
+	s.t.Helper()
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return s.topo.Node.Dial(ctx, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("http://127.0.0.1:10249/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	mf := families["kubeproxy_sync_proxy_rules_duration_seconds"]
+	if mf == nil || len(mf.GetMetric()) != 1 {
+		s.t.Fatalf("no kubeproxy_sync_proxy_rules_duration_seconds in:\n%s", body)
+	}
+	return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+}
+
+// aliasBomb is YAML whose aliases would expand to 9^9 strings; the decoder
+// refuses it with "excessive aliasing".
+func aliasBomb() string {
+	var b strings.Builder
+	b.WriteString("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n")
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		fmt.Fprintf(&b, "%s: &%s [%s]\n", n, n, strings.TrimSuffix(strings.Repeat("*"+prev+",", 9), ","))
+		prev = n
+	}
+	return b.String()
+}
+
+// TestBrokenManifestFileIsIsolated: beside a file that can't be decoded, a
+// valid service's changes reach the kernel within a second, and packets
+// follow them.
+func TestBrokenManifestFileIsIsolated(t *testing.T) {
+	s := newScenario(t, 2, webManifests("10.244.1.10", "10.244.1.11"))
+	s.write("broken.yaml", aliasBomb())
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(s.d.Log(), "excessive aliasing") {
+		if time.Now().After(deadline) {
+			t.Fatal("the log never named the broken file's reason")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, eps := range [][]string{{"10.244.1.11"}, {"10.244.1.10"}} {
+		s.write("web.yaml", webManifests(eps...)["web.yaml"])
+		took := s.waitKernel("web with endpoint "+eps[0], time.Second, func(table string) bool {
+			return strings.Count(table, "10.244.1.1") == strings.Count(table, eps[0]) && strings.Contains(table, eps[0])
+		})
+		t.Logf("endpoint %s in the kernel %v after the write", eps[0], took.Round(time.Millisecond))
+	}
+	if counts := s.askMany(s.topo.Client, webVIP, 20); len(counts) != 1 || counts[s.topo.Pods[0].Name] != 20 {
+		t.Errorf("answers %v, want only %s", counts, s.topo.Pods[0].Name)
+	}
+	if n := strings.Count(s.d.Log(), "excessive aliasing"); n != 1 {
+		t.Errorf("the broken file was logged %d times, want once", n)
+	}
+}
+
+// TestManifestChurnDoesNotStarve rewrites a file every 10 ms for 20 s at
+// --min-sync-period 100ms: the daemon keeps syncing throughout (at least
+// 50 syncs by its metrics), and the last state is in the kernel within a
+// second of the last write.
+func TestManifestChurnDoesNotStarve(t *testing.T) {
+	s := newScenario(t, 2, webManifests("10.244.1.10"))
+	before := s.syncs()
+	states := []map[string]string{webManifests("10.244.1.10"), webManifests("10.244.1.10", "10.244.1.11")}
+	writes := 0
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); writes++ {
+		s.write("web.yaml", states[writes%2]["web.yaml"])
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.write("web.yaml", webManifests("10.244.1.11")["web.yaml"])
+	took := s.waitKernel("the last state", time.Second, func(table string) bool {
+		return strings.Contains(table, "10.244.1.11") && !strings.Contains(table, "10.244.1.10")
+	})
+	syncs := s.syncs() - before
+	t.Logf("%d writes in 20s: %d syncs; the last state in the kernel %v after the last write", writes+1, syncs, took.Round(time.Millisecond))
+	if syncs < 50 {
+		t.Errorf("%d syncs during 20 s of rewrites, want at least 50", syncs)
+	}
+}

@@ -1,0 +1,215 @@
+package k8s
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// aliasBomb is YAML whose aliases expand to 9^9 strings: the decoder refuses
+// it ("excessive aliasing") instead of expanding it.
+func aliasBomb() string {
+	var b strings.Builder
+	b.WriteString("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n")
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		fmt.Fprintf(&b, "%s: &%s [%s]\n", n, n, strings.TrimSuffix(strings.Repeat("*"+prev+",", 9), ","))
+		prev = n
+	}
+	return b.String()
+}
+
+// webSlice is sliceYAML with the given endpoint addresses.
+func webSlice(addrs ...string) string {
+	return strings.Replace(sliceYAML, `- addresses: ["10.244.0.1"]`, `- addresses: ["`+strings.Join(addrs, "\"]\n- addresses: [\"")+`"]`, 1)
+}
+
+// watch starts WatchDir on dir with a tracker counting invalid objects.
+func watch(t *testing.T, dir string) (*Tracker, *atomic.Int64) {
+	t.Helper()
+	log, _ := observed()
+	var invalid atomic.Int64
+	tr := NewTracker(log, TrackerOptions{OnInvalid: func(kind, _, _ string, _ error) {
+		if kind == KindManifestFile {
+			invalid.Add(1)
+		}
+	}})
+	if err := WatchDir(t.Context(), dir, tr, log, 0); err != nil {
+		t.Fatal(err)
+	}
+	drain(tr)
+	return tr, &invalid
+}
+
+// TestWatchDirIsolatesBrokenFile: a file that stops decoding keeps its last
+// good objects, is logged once and counted once; the other files' changes
+// apply as usual, and fixing it applies it again.
+func TestWatchDirIsolatesBrokenFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"services.yaml": servicesYAML, "slice.yaml": sliceYAML,
+		"dns.yaml": strings.Replace(listYAML, "10.244.0.53", "10.244.0.54", 1)})
+	log, logs := observed()
+	var invalid atomic.Int64
+	tr := NewTracker(log, TrackerOptions{OnInvalid: func(kind, _, name string, _ error) {
+		if kind == KindManifestFile && name == "dns.yaml" {
+			invalid.Add(1)
+		}
+	}})
+	if err := WatchDir(t.Context(), dir, tr, log, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{aliasBomb(), "kind: [unclosed\n"} {
+		writeFiles(t, dir, map[string]string{"dns.yaml": bad})
+		writeFiles(t, dir, map[string]string{"slice.yaml": webSlice("10.244.0.1", "10.244.0.2")})
+		eventually(t, func() string {
+			if got := endpointAddrs(tr.Snapshot(), "web"); got != "10.244.0.1 10.244.0.2" {
+				return "web endpoints " + got
+			}
+			return ""
+		})
+		writeFiles(t, dir, map[string]string{"slice.yaml": sliceYAML})
+		eventually(t, func() string {
+			if got := endpointAddrs(tr.Snapshot(), "web"); got != "10.244.0.1" {
+				return "web endpoints " + got
+			}
+			return ""
+		})
+		if got := endpointAddrs(tr.Snapshot(), "dns"); got != "10.244.0.54" {
+			t.Errorf("dns endpoints %q: the broken file lost its last good objects", got)
+		}
+	}
+	problems := logs.FilterMessage("Cannot load manifest file, keeping its last good objects").All()
+	if len(problems) != 2 || invalid.Load() != 2 {
+		t.Fatalf("%d problems logged, %d counted; want 2 each (one per reason)", len(problems), invalid.Load())
+	}
+	if f := problems[0].ContextMap(); f["file"] != "dns.yaml" || !strings.Contains(fmt.Sprint(f["error"]), "excessive aliasing") {
+		t.Errorf("first problem logged as %v, want dns.yaml and excessive aliasing", f)
+	}
+
+	// Fixed: applies; removed: its objects go.
+	writeFiles(t, dir, map[string]string{"dns.yaml": listYAML})
+	eventually(t, func() string {
+		if got := endpointAddrs(tr.Snapshot(), "dns"); got != "10.244.0.53" {
+			return "dns endpoints " + got
+		}
+		return ""
+	})
+	if err := os.Remove(filepath.Join(dir, "dns.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() string {
+		if got := endpointAddrs(tr.Snapshot(), "dns"); got != "" {
+			return "dns endpoints after removal " + got
+		}
+		return ""
+	})
+}
+
+// TestWatchDirDuplicateLeftOut: an object a later file defines again is left
+// out, counted, and the rest of that file applies.
+func TestWatchDirDuplicateLeftOut(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"a.yaml": sliceYAML, "services.yaml": servicesYAML})
+	tr, invalid := watch(t, dir)
+	writeFiles(t, dir, map[string]string{"b.yaml": webSlice("10.244.0.9") + "---\n" + listYAML})
+	eventually(t, func() string {
+		if got := endpointAddrs(tr.Snapshot(), "dns"); got != "10.244.0.53" {
+			return "dns endpoints " + got
+		}
+		return ""
+	})
+	if got := endpointAddrs(tr.Snapshot(), "web"); got != "10.244.0.1" || invalid.Load() != 1 {
+		t.Errorf("web endpoints %q, %d counted; want a.yaml's and 1", got, invalid.Load())
+	}
+}
+
+// TestWatchDirChurnDoesNotStarve: while one file is replaced every 2 ms, it
+// is still read every settle time, and a change to another file applies
+// within a settle time or two.
+func TestWatchDirChurnDoesNotStarve(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"services.yaml": servicesYAML, "slice.yaml": sliceYAML, "dns.yaml": listYAML})
+	tr, _ := watch(t, dir)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			writeFiles(t, dir, map[string]string{"slice.yaml": webSlice("10.244.0.1", fmt.Sprintf("10.244.1.%d", i%200+1))})
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	changes := 0
+	timeout := time.After(time.Second)
+	start := time.Now()
+loop:
+	for {
+		select {
+		case <-tr.Changed():
+			changes++
+		case <-timeout:
+			break loop
+		}
+	}
+	writeFiles(t, dir, map[string]string{"dns.yaml": strings.Replace(listYAML, "10.244.0.53", "10.244.0.54", 1)})
+	written := time.Now()
+	eventually(t, func() string {
+		if got := endpointAddrs(tr.Snapshot(), "dns"); got != "10.244.0.54" {
+			return "dns endpoints " + got
+		}
+		return ""
+	})
+	took := time.Since(written)
+	close(stop)
+	<-done
+	// Reads every settle time: ~20 in a second; allow a loaded machine half.
+	if want := int(time.Since(start) / DefaultSettle / 2); changes < want/2 {
+		t.Errorf("%d changes in a second of churn, want at least %d", changes, want/2)
+	}
+	if took > 10*DefaultSettle {
+		t.Errorf("a change to another file took %v during the churn", took)
+	}
+	t.Logf("%d changes in 1s of churn; another file applied after %v", changes, took)
+}
+
+// TestWatchDirHalfWrittenFile: a file written in place in two parts, the
+// first of which decodes on its own, is read only once whole.
+func TestWatchDirHalfWrittenFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"services.yaml": servicesYAML, "slice.yaml": sliceYAML})
+	tr, _ := watch(t, dir)
+	whole := webSlice("10.244.0.1", "10.244.0.2", "10.244.0.3")
+	half := whole[:strings.Index(whole, `- addresses: ["10.244.0.3"]`)] // decodes: two endpoints, no ports
+	f, err := os.OpenFile(filepath.Join(dir, "slice.yaml"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(half); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(DefaultSettle / 3)
+	if _, err := f.WriteAt([]byte(whole), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitChange(t, tr, "file written in place")
+	if got := endpointAddrs(tr.Snapshot(), "web"); got != "10.244.0.1 10.244.0.2 10.244.0.3" {
+		t.Errorf("endpoints %q, want the whole file's", got)
+	}
+	select {
+	case <-tr.Changed():
+		t.Error("a second change: the half-written file was applied first")
+	case <-time.After(3 * DefaultSettle):
+	}
+}
