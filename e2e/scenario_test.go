@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 // scenario is a topology with nftproxy running in its node namespace from a
 // manifest directory the test writes.
 type scenario struct {
-	t    *testing.T
+	t    testing.TB
 	topo *netns.Topology
 	dir  string
 	d    *Daemon
@@ -50,7 +50,7 @@ type scenario struct {
 
 // newScenario builds the topology (pods serve their names on tcp/8080 and
 // udp/5353), writes the manifests and starts nftproxy, waiting for its first sync.
-func newScenario(t *testing.T, pods int, manifests map[string]string, args ...string) *scenario {
+func newScenario(t testing.TB, pods int, manifests map[string]string, args ...string) *scenario {
 	t.Helper()
 	if binary == "" {
 		t.Skip("needs root and network namespaces: " + netns.Usable())
