@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,45 @@ func TestManifestChurnDoesNotStarve(t *testing.T) {
 	t.Logf("%d writes in 20s: %d syncs; the last state in the kernel %v after the last write", writes+1, syncs, took.Round(time.Millisecond))
 	if syncs < 50 {
 		t.Errorf("%d syncs during 20 s of rewrites, want at least 50", syncs)
+	}
+}
+
+// BenchmarkManifestRenameToKernel prints how long a change takes from the
+// rename of its file into the manifest directory to the kernel's table
+// (read back over netlink every millisecond), p50 and p99, at the default
+// --min-sync-period (1s) and at 100ms. Changes are spaced by more than the
+// period, as single edits are; a burst is coalesced by it instead. Figures,
+// not a pass/fail test:
+//
+//	go test -run - -bench ManifestRenameToKernel -benchtime 60x ./e2e/
+func BenchmarkManifestRenameToKernel(b *testing.B) {
+	for _, period := range []time.Duration{time.Second, 100 * time.Millisecond} {
+		b.Run("min-sync-period="+period.String(), func(b *testing.B) {
+			s := newScenario(b, 2, webManifests("10.244.1.10"), "--min-sync-period", period.String())
+			eps := []string{"10.244.1.11", "10.244.1.10"}
+			var lat []time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				ep, old := eps[i%2], eps[(i+1)%2]
+				time.Sleep(period + 10*time.Millisecond) // the last sync is more than a period ago
+				start := time.Now()
+				s.write("web.yaml", webManifests(ep)["web.yaml"])
+				for table := ""; !strings.Contains(table, ep) || strings.Contains(table, old); table = s.kernelTable() {
+					if time.Since(start) > 10*time.Second {
+						b.Fatalf("endpoint %s not in the kernel after 10s", ep)
+					}
+					time.Sleep(time.Millisecond)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+			b.ReportMetric(float64(q(0.5).Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(q(0.99).Microseconds())/1000, "p99-ms")
+			b.ReportMetric(0, "ns/op")
+			b.Logf("rename → kernel over %d changes: p50 %v, p99 %v, max %v", len(lat),
+				q(0.5).Round(100*time.Microsecond), q(0.99).Round(100*time.Microsecond), lat[len(lat)-1].Round(100*time.Microsecond))
+		})
 	}
 }
