@@ -66,6 +66,7 @@ type clusterEnv struct {
 
 func TestAPIServer(t *testing.T) {
 	if binary == "" {
+		netns.Require(t) // skips in -short mode before probing
 		t.Skip("needs root and network namespaces: " + netns.Usable())
 	}
 	start := time.Now()

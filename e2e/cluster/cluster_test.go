@@ -37,7 +37,7 @@ var binary string
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := func() int {
-		if netns.Usable() == "" && !testing.Short() {
+		if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
 			dir, err := os.MkdirTemp("", "nftproxy-cluster-bin-")
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
@@ -65,6 +65,7 @@ type env struct {
 
 func TestCluster(t *testing.T) {
 	if binary == "" {
+		netns.Require(t) // skips in -short mode before probing
 		t.Skip("needs root and network namespaces: " + netns.Usable())
 	}
 	if testing.Short() {
