@@ -81,11 +81,10 @@ type dirWatcher struct {
 	log     *zap.Logger
 	settle  time.Duration
 
-	files   map[string]*fileState
-	due     map[string]time.Time // files to read, and when
-	writing map[string]bool      // due files written in place since their last read
-	logged  map[string]string    // file → the problem last logged for it
-	dups    map[string]bool      // duplicate definitions logged
+	files  map[string]*fileState
+	due    map[string]time.Time // files to read, and when
+	logged map[string]string    // file → the problem last logged for it
+	dups   map[string]bool      // duplicate definitions logged
 }
 
 // fileState is what a file yielded when it last decoded, and what was last
@@ -129,7 +128,6 @@ func (w *dirWatcher) loadAll() error {
 func (w *dirWatcher) run(ctx context.Context, fsw *fsnotify.Watcher) {
 	defer func() { _ = fsw.Close() }()
 	w.due = map[string]time.Time{}
-	w.writing = map[string]bool{}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -172,7 +170,6 @@ func (w *dirWatcher) event(ev fsnotify.Event, now time.Time) {
 	case ev.Has(fsnotify.Write):
 		// In place: wait until the writer has been quiet for settle.
 		w.due[name] = now.Add(w.settle)
-		w.writing[name] = true
 	case ev.Has(fsnotify.Create), ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
 		// Replaced or gone whole: a read due already stays due.
 		if _, ok := w.due[name]; !ok {
@@ -216,7 +213,6 @@ func (w *dirWatcher) readDue(now time.Time) {
 	sort.Strings(names)
 	for _, name := range names {
 		delete(w.due, name)
-		delete(w.writing, name)
 		if w.read(name, now) {
 			changed = true
 		}
