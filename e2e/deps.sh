@@ -2,9 +2,10 @@
 # Checks and installs what `make demo` and `make test` need on a Debian
 # machine with Go: root, the nftables, iptables, conntrack and iproute2
 # packages (make test also prometheus, for promtool, and buildah; apt-get,
-# with an update first only when one is missing), the br_netfilter module when it can be loaded, and network namespaces that
-# work. Idempotent: a second run installs nothing. When the tests can't run
-# here it prints one line saying why and exits 1.
+# with an update first only when one is missing), the br_netfilter module
+# when it can be loaded, and network namespaces that work. Idempotent: a
+# second run installs nothing. When the tests can't run here it prints one
+# line saying why and exits 1.
 #
 #   e2e/deps.sh TARGET    TARGET names the make target in the messages
 set -euo pipefail

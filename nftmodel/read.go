@@ -56,6 +56,7 @@ func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
+	var uds map[string][]byte
 	anon := map[string]*nftables.Set{}
 	for _, ls := range sets {
 		ls.Table = t
@@ -63,7 +64,12 @@ func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
 			anon[ls.Name] = ls
 			continue
 		}
-		s, err := readSet(conn, ls)
+		if uds == nil {
+			if uds, err = setUserData(conn, family, table); err != nil {
+				return nil, err
+			}
+		}
+		s, err := readSet(conn, family, ls, uds[ls.Name])
 		if err != nil {
 			return nil, fmt.Errorf("read set %s: %w", ls.Name, err)
 		}
@@ -88,10 +94,23 @@ func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
 }
 
 // readSet reads a named set's declaration and elements.
-func readSet(conn *Conn, ls *nftables.Set) (*Set, error) {
+func readSet(conn *Conn, f Family, ls *nftables.Set, ud []byte) (*Set, error) {
 	s, err := modelTypes(ls)
 	if err != nil {
 		return nil, err
+	}
+	if s.Typeof, err = readTypeof(f, ud); err != nil {
+		return nil, err
+	}
+	if s.Typeof != nil {
+		// The whole user data, as Apply writes it for this declaration.
+		want, err := typeofUserData(f, s)
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.Equal(want, ud) {
+			return nil, fmt.Errorf("typeof user data %x, which is not what nftproxy writes for it (%x)", ud, want)
+		}
 	}
 	if ls.HasTimeout {
 		s.Timeout = ls.Timeout
@@ -166,6 +185,8 @@ func readValues(types []DataType, b []byte) ([]Value, error) {
 			vals[i].Num = uint32(b[off])
 		case TypeInetService:
 			vals[i].Num = uint32(binary.BigEndian.Uint16(b[off:]))
+		case TypeInteger:
+			vals[i].Num = hostEndian.Uint32(b[off:])
 		default:
 			return nil, fmt.Errorf("type %s can't be a key or a value's part", typeNames(types[i:i+1]))
 		}
@@ -390,6 +411,8 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 			return d.l4proto()
 		case e.Key == expr.MetaKeyMARK && !e.SourceRegister:
 			return d.mark()
+		case e.Key == expr.MetaKeyIIFNAME && !e.SourceRegister:
+			return d.iifname()
 		}
 	case *expr.Fib:
 		if _, ok := d.at(1).(*expr.Cmp); ok {
@@ -399,14 +422,20 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 			return MatchFibDaddrLocal{}, 2, nil
 		}
 	case *expr.Ct:
-		_, bw := d.at(1).(*expr.Bitwise)
-		_, cmp := d.at(2).(*expr.Cmp)
-		switch {
-		case !bw || !cmp:
-		case e.Key == expr.CtKeySTATE:
+		bw, okB := d.at(1).(*expr.Bitwise)
+		cmp, okC := d.at(2).(*expr.Cmp)
+		if !okB || !okC || len(bw.Mask) != 4 {
+			break
+		}
+		// bitTest: "!= 0" tests that a bit is set, "== 0" that none is.
+		negate := cmp.Op == expr.CmpOpEq
+		switch mask := hostEndian.Uint32(bw.Mask); {
+		case e.Key == expr.CtKeySTATE && mask == expr.CtStateBitINVALID:
 			return MatchCtStateInvalid{}, 3, nil
+		case e.Key == expr.CtKeySTATE:
+			return MatchCtStateEstablished{Negate: negate}, 3, nil
 		case e.Key == expr.CtKeySTATUS:
-			return MatchCtStatusDNAT{}, 3, nil
+			return MatchCtStatusDNAT{Negate: negate}, 3, nil
 		}
 	case *expr.Numgen:
 		return d.numgen(e)
@@ -471,6 +500,13 @@ func (d *ruleDecoder) keyed(key []Field, n int) (Expr, int, bool) {
 		if _, ok := d.at(n + 1).(*expr.NAT); ok {
 			return DNATMap{Key: key, Map: e.SetName}, n + 2, true
 		}
+	case *expr.Numgen:
+		// A DNAT map keyed with a random slot after the fields.
+		l, okL := d.at(n + 1).(*expr.Lookup)
+		_, okN := d.at(n + 2).(*expr.NAT)
+		if okL && okN && l.IsDestRegSet && l.DestRegister != 0 {
+			return DNATMap{Key: key, Numgen: e.Modulus, Map: l.SetName}, n + 3, true
+		}
 	case *expr.Dynset:
 		return UpdateSet{Key: key, Set: e.SetName}, n + 1, true
 	}
@@ -530,6 +566,20 @@ func (d *ruleDecoder) l4proto() (Expr, int, error) {
 	return MatchL4Proto{Proto: proto}, 2, nil
 }
 
+// iifname decodes an input interface name match: the name padded with NULs
+// to IFNAMSIZ, or a prefix's bytes alone for "prefix*".
+func (d *ruleDecoder) iifname() (Expr, int, error) {
+	cmp, ok := d.at(1).(*expr.Cmp)
+	if !ok || len(cmp.Data) == 0 {
+		return nil, 0, errUnknown
+	}
+	name := string(cmp.Data) + "*"
+	if len(cmp.Data) == ifNameSize {
+		name = string(bytes.TrimRight(cmp.Data, "\x00"))
+	}
+	return MatchIifname{Name: name, Negate: cmp.Op == expr.CmpOpNeq}, 2, nil
+}
+
 // mark decodes a mark test (load, mask, compare) and a mark change (load,
 // mask and xor, store).
 func (d *ruleDecoder) mark() (Expr, int, error) {
@@ -558,6 +608,10 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (Expr, int, error) {
 	l, ok := d.at(1).(*expr.Lookup)
 	if !ok {
 		return nil, 0, errUnknown
+	}
+	if _, ok := d.at(2).(*expr.NAT); ok && l.IsDestRegSet && l.DestRegister != 0 {
+		// A DNAT map keyed with the random slot alone.
+		return DNATMap{Numgen: ng.Modulus, Map: l.SetName}, 3, nil
 	}
 	ls := d.anon[l.SetName]
 	if ls == nil {
