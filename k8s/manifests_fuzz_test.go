@@ -13,7 +13,7 @@ import (
 func FuzzManifests(f *testing.F) {
 	// The seeds are in testdata/fuzz/FuzzManifests.
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := decodeFiles([]fileContent{{name: "fuzz.yaml", data: data}})
+		m, err := decodeFile("fuzz.yaml", data)
 		if err != nil {
 			var me *ManifestError
 			if !errors.As(err, &me) || me.File != "fuzz.yaml" {
