@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,7 +37,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
@@ -208,7 +206,7 @@ type clusterScenario struct {
 	env        *clusterEnv
 	ns         string // Kubernetes namespace of the scenario's objects
 	topo       *netns.Topology
-	relay      *clusterRelay
+	relay      *netns.Relay
 	kubeconfig string
 	args       []string
 	d          *Daemon
@@ -242,7 +240,7 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 		t.Fatal(err)
 	}
 	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
-	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.addr)
+	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr())
 	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
 		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
@@ -273,125 +271,25 @@ func (s *clusterScenario) startDaemon() {
 	}
 }
 
-// clusterRelay forwards TCP connections made to 127.0.0.1 in a namespace to
-// a target address of the test's own network namespace. The node namespace
-// has no route to the host, on purpose; this way the daemon reaches the API
-// server over loopback and this process only.
-type clusterRelay struct {
-	addr   string // where it listens, in the namespace
-	target string
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool // the test ended
-	cut    bool // partitioned: no connection gets through
-}
-
-// startClusterRelay starts a relay in ns that stops when the test ends.
-func startClusterRelay(t *testing.T, ns *netns.NS, target string) *clusterRelay {
+// startClusterRelay starts a relay from 127.0.0.1 in ns to target (the API
+// server on the test's loopback; the node namespace has no route to the host,
+// on purpose) that stops when the test ends.
+func startClusterRelay(t *testing.T, ns *netns.NS, target string) *netns.Relay {
 	t.Helper()
-	l, err := ns.Listen("tcp", "127.0.0.1:0")
+	r, err := netns.StartRelay(ns, "127.0.0.1:0", target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &clusterRelay{addr: l.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { r.pipe(c) })
-		}
-	})
-	t.Cleanup(func() {
-		l.Close()
-		r.mu.Lock()
-		r.closed = true
-		r.closeAll()
-		r.mu.Unlock()
-		wg.Wait()
-	})
+	t.Cleanup(r.Close)
 	return r
-}
-
-// setCut partitions the node from the API server (closing the open
-// connections) or ends the partition. The API server itself keeps running
-// and accepting changes.
-func (r *clusterRelay) setCut(cut bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cut = cut
-	if cut {
-		r.closeAll()
-	}
-}
-
-func (r *clusterRelay) closeAll() {
-	for c := range r.conns {
-		c.Close()
-	}
-}
-
-// track registers the connections of a pipe, or reports false when none
-// may pass.
-func (r *clusterRelay) track(cs ...net.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed || r.cut {
-		return false
-	}
-	for _, c := range cs {
-		r.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (r *clusterRelay) untrack(cs ...net.Conn) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range cs {
-		delete(r.conns, c)
-	}
-}
-
-func (r *clusterRelay) pipe(down net.Conn) {
-	defer down.Close()
-	up, err := net.DialTimeout("tcp", r.target, 2*time.Second)
-	if err != nil {
-		return // the API server is down: the client sees the connection close
-	}
-	defer up.Close()
-	if !r.track(down, up) {
-		return
-	}
-	defer r.untrack(down, up)
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
-	<-done // either side gone: close both, which ends the other copy
-	up.Close()
-	down.Close()
-	<-done
 }
 
 // clusterKubeconfig writes a copy of the admin kubeconfig that goes through
 // the relay and acts as the daemon's ServiceAccount.
 func clusterKubeconfig(t *testing.T, admin, relay string) string {
 	t.Helper()
-	cfg, err := clientcmd.LoadFromFile(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + relay // the serving certificate is valid for 127.0.0.1
-	}
-	for _, a := range cfg.AuthInfos {
-		a.Impersonate = clusterIdentity
-	}
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	if err := apiserver.RelayedKubeconfig(admin, relay, clusterIdentity, path); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -742,7 +640,7 @@ func testClusterPartition(t *testing.T, env *clusterEnv) {
 	s.slice("gone", "gone-a", a2...)
 	s.eventually("services", func() error { return errors.Join(s.answeredBy(web, n01), s.answeredBy(gone, n2)) })
 
-	s.relay.setCut(true)
+	s.relay.SetCut(true)
 	cut := time.Now()
 	s.slice("web", "web-a", a2...)
 	if err := env.client.CoreV1().Services(s.ns).Delete(s.ctx, "gone", metav1.DeleteOptions{}); err != nil {
@@ -755,7 +653,7 @@ func testClusterPartition(t *testing.T, env *clusterEnv) {
 		t.Errorf("cut off the API server, the last rules must stay: %v", err)
 	}
 
-	s.relay.setCut(false)
+	s.relay.SetCut(false)
 	back := time.Now()
 	ctx, cancel := context.WithTimeout(s.ctx, 45*time.Second) // client-go backs off up to ~30 s
 	defer cancel()

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -54,7 +52,7 @@ func startReferenceKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config
 		t.Fatal(err)
 	}
 	for _, c := range cfg.Clusters {
-		c.Server = "https://" + relay.addr
+		c.Server = "https://" + relay.Addr()
 	}
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -86,34 +84,13 @@ func startReferenceKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config
 			return fmt.Errorf("kube-proxy exited: %s", d.Log())
 		default:
 		}
-		code, _, err := nsGet(ctx, ns, "http://127.0.0.1:10256/healthz")
+		code, _, err := ns.Get(ctx, "http://127.0.0.1:10256/healthz")
 		if err == nil && code != http.StatusOK {
 			err = fmt.Errorf("/healthz: %d", code)
 		}
 		return err
 	})
 	return d
-}
-
-// nsGet fetches url from inside ns.
-func nsGet(ctx context.Context, ns *netns.NS, url string) (int, []byte, error) {
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return ns.Dial(ctx, network, addr)
-	}}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
 }
 
 // createNodePortService creates, in the API server, the NodePort service

@@ -18,7 +18,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -142,15 +141,8 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 // the relay: kube-proxy, unlike nftproxy, writes events.
 func adminKubeconfig(t *testing.T, admin, relay string) string {
 	t.Helper()
-	cfg, err := clientcmd.LoadFromFile(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + relay
-	}
 	path := filepath.Join(t.TempDir(), "kubeconfig-admin")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	if err := apiserver.RelayedKubeconfig(admin, relay, "", path); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -287,7 +279,7 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 		t.Fatal(err)
 	}
 	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
-	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.addr)
+	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr())
 
 	clusterIP := netip.AddrFrom4([4]byte{10, 96, 50, byte(10 + i)})
 	nodePort := int32(30500 + i)
@@ -298,7 +290,7 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	np := netip.AddrPortFrom(s.topo.NodeAddr, uint16(nodePort))
 
 	// kube-proxy serves the service.
-	k := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.addr))
+	k := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr()))
 	took := s.eventually("kube-proxy serving the ClusterIP and NodePort", func() error {
 		select {
 		case <-k.done:
@@ -360,7 +352,7 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	if err := s.d.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	k2 := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.addr))
+	k2 := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr()))
 	s.eventually("kube-proxy's first sync", func() error {
 		select {
 		case <-k2.done:

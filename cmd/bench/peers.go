@@ -226,13 +226,13 @@ func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) (err er
 	if err != nil {
 		return fmt.Errorf("parse API server address: %w", err)
 	}
-	r, err := startRelay(ns, u.Host)
+	r, err := netns.StartRelay(ns, "127.0.0.1:0", u.Host)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
-	if err := relayKubeconfig(e.cluster.srv.Kubeconfig, r.addr, kubeconfig); err != nil {
+	if err := apiserver.RelayedKubeconfig(e.cluster.srv.Kubeconfig, r.Addr(), "", kubeconfig); err != nil {
 		return err
 	}
 	args, pathDir := proxyCommand(proxy, e.bin, kubeconfig, filepath.Join(e.tmp, "links"))

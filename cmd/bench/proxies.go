@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
@@ -194,21 +192,4 @@ func (p *proxyProcess) logTail(n int) string {
 		}
 	}
 	return strings.Join(lines, "\n")
-}
-
-// relayKubeconfig writes a copy of the admin kubeconfig whose server is the
-// relay inside the proxy's namespace (the serving certificate names
-// 127.0.0.1, so TLS still verifies).
-func relayKubeconfig(admin, relayAddr, path string) error {
-	cfg, err := clientcmd.LoadFromFile(admin)
-	if err != nil {
-		return fmt.Errorf("read kubeconfig: %w", err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + relayAddr
-	}
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		return fmt.Errorf("write kubeconfig: %w", err)
-	}
-	return nil
 }

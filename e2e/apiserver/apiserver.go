@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	clientcmdv1 "k8s.io/client-go/tools/clientcmd/api/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -495,6 +496,30 @@ func writeKubeconfig(path, url string, p *pki) error {
 		return fmt.Errorf("encode kubeconfig: %w", err)
 	}
 	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// RelayedKubeconfig writes to path a copy of the kubeconfig admin whose
+// server is server (a relay's address; the serving certificate is checked
+// for 127.0.0.1, where the API server really listens) and which, when
+// identity is set, acts as that user by impersonation.
+func RelayedKubeconfig(admin, server, identity, path string) error {
+	cfg, err := clientcmd.LoadFromFile(admin)
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + server
+		c.TLSServerName = "127.0.0.1"
+	}
+	if identity != "" {
+		for _, a := range cfg.AuthInfos {
+			a.Impersonate = identity
+		}
+	}
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return nil

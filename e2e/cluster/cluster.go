@@ -7,9 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,7 +25,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
@@ -88,7 +86,7 @@ type Cluster struct {
 	opts      Options
 	dir       string
 	removeDir bool
-	relay     *relay
+	relay     *netns.Relay
 
 	mu      sync.Mutex
 	daemons map[string]*e2e.Daemon
@@ -130,7 +128,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if c.Topo, err = netns.BuildCluster(netns.ClusterOptions{Prefix: opts.Prefix, Nodes: opts.Nodes, PodsPerNode: opts.PodsPerNode}); err != nil {
 		return c, err
 	}
-	if c.relay, err = startRelay(c.Topo.Fabric, netip.AddrPortFrom(netns.FabricAddr, APIPort), c.API.URL); err != nil {
+	api, err := url.Parse(c.API.URL)
+	if err != nil {
+		return c, fmt.Errorf("parse API server URL: %w", err)
+	}
+	if c.relay, err = netns.StartRelay(c.Topo.Fabric, netip.AddrPortFrom(netns.FabricAddr, APIPort).String(), api.Host); err != nil {
 		return c, err
 	}
 	if c.NodeKubeconfig, err = c.writeNodeKubeconfig(); err != nil {
@@ -203,22 +205,8 @@ func (c *Cluster) waitSystemNamespace(ctx context.Context) error {
 // certificate names 127.0.0.1, which the client checks instead of the
 // relay's address.
 func (c *Cluster) writeNodeKubeconfig() (string, error) {
-	cfg, err := clientcmd.LoadFromFile(c.API.Kubeconfig)
-	if err != nil {
-		return "", fmt.Errorf("load kubeconfig: %w", err)
-	}
-	for _, cl := range cfg.Clusters {
-		cl.Server = "https://" + netip.AddrPortFrom(netns.FabricAddr, APIPort).String()
-		cl.TLSServerName = "127.0.0.1"
-	}
-	for _, a := range cfg.AuthInfos {
-		a.Impersonate = Identity
-	}
 	path := filepath.Join(c.dir, "node-kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		return "", fmt.Errorf("write kubeconfig: %w", err)
-	}
-	return path, nil
+	return path, apiserver.RelayedKubeconfig(c.API.Kubeconfig, netip.AddrPortFrom(netns.FabricAddr, APIPort).String(), Identity, path)
 }
 
 // NodeObject is the Node object of a topology node: its address, pod CIDR,
@@ -334,7 +322,7 @@ func (c *Cluster) Close() error {
 		}
 	}
 	if c.relay != nil {
-		c.relay.close()
+		c.relay.Close()
 	}
 	if c.Topo != nil {
 		errs = append(errs, c.Topo.Close())
@@ -399,25 +387,4 @@ func namespaceOf(ns string) string {
 		return metav1.NamespaceDefault
 	}
 	return ns
-}
-
-// NodeGet fetches url (http://ADDR:PORT/...) from inside a namespace.
-func NodeGet(ctx context.Context, from *netns.NS, url string) (int, []byte, error) {
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return from.Dial(ctx, network, addr)
-	}}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
 }

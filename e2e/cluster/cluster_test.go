@@ -387,7 +387,7 @@ func testAcrossNodes(e *env) {
 // hcGet fetches a node's healthCheckNodePort from the load-balancer
 // namespace and decodes kube-proxy's body.
 func (e *env) hcGet(n *netns.ClusterNode, port int32) (int, int, error) {
-	code, body, err := NodeGet(e.ctx, e.c.Topo.LoadBalancer, fmt.Sprintf("http://%s/", nodePortOf(n, port)))
+	code, body, err := e.c.Topo.LoadBalancer.Get(e.ctx, fmt.Sprintf("http://%s/", nodePortOf(n, port)))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -752,7 +752,7 @@ func testNodeDrain(e *env) {
 	healthz := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(e.node(1).Addr, HealthzPort))
 	var drained time.Duration
 	e.eventually("node-1's /healthz 503", func() error {
-		code, body, err := NodeGet(e.ctx, e.c.Topo.LoadBalancer, healthz)
+		code, body, err := e.c.Topo.LoadBalancer.Get(e.ctx, healthz)
 		if err != nil {
 			return err
 		}

@@ -83,7 +83,7 @@ func (lb *LoadBalancer) checkLoop(ctx context.Context, interval time.Duration) {
 		var wg sync.WaitGroup
 		for _, b := range lb.backends {
 			wg.Go(func() {
-				code, _, err := NodeGet(ctx, lb.ns, b.Health)
+				code, _, err := lb.ns.Get(ctx, b.Health)
 				lb.mu.Lock()
 				lb.healthy[b.Node] = err == nil && code == 200
 				lb.mu.Unlock()

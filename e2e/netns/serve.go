@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strings"
@@ -339,4 +341,24 @@ func addrPortString(ap netip.AddrPort) string {
 	default:
 		return ""
 	}
+}
+
+// Get fetches url (http://ADDR:PORT/...) from inside the namespace, within
+// two seconds, and returns the status code and body.
+func (n *NS) Get(ctx context.Context, url string) (int, []byte, error) {
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: n.Dial}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
 }
