@@ -13,10 +13,10 @@ import (
 
 // incremental is one family's ruleset as applied, kept as the reference
 // counts of what service ports share, so that a new snapshot costs a compile
-// of the service ports that changed (diffSnapshots finds them) instead of a
+// of the service ports that changed (the tracker hands them over) instead of a
 // compile and a diff of everything. It holds no compiled pieces: compiling
 // is deterministic, so the applied piece of a changed service port is
-// compiled again from its old version in the proxier's last snapshot, which
+// compiled again from its old version, which the proxier keeps, which
 // saves the memory of a whole ruleset.
 type incremental struct {
 	c *compiler
@@ -120,14 +120,14 @@ func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
 	return s.c.assemble(pieces)
 }
 
-// update brings the state from the last snapshot to snap, given the service
-// ports that differ between them, and returns the changes that bring the
+// update brings the state from the last sync to the node, service CIDRs and
+// service ports given (the ports that differ from the last sync), and returns the changes that bring the
 // kernel along. It reports false when snap can't be reached incrementally
 // (the node or the service CIDRs changed, an affinity set changed its
 // timeout); the state is then spoiled and the caller must start over with a
 // full sync.
-func (s *incremental) update(snap *k8s.Snapshot, ports []portChange) (m.Changes, bool) {
-	if !reflect.DeepEqual(s.c.node, snap.Node) || !slices.Equal(s.c.serviceCIDRs, snap.ServiceCIDRs) {
+func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports []portChange) (m.Changes, bool) {
+	if !reflect.DeepEqual(s.c.node, node) || !slices.Equal(s.c.serviceCIDRs, serviceCIDRs) {
 		return m.Changes{}, false
 	}
 	d := newDelta(s)
