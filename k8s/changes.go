@@ -32,7 +32,9 @@ func (t *Tracker) TakeChanges() Changes {
 	for name := range t.dirty {
 		ch.Ports[name] = t.current(name)
 	}
-	clear(t.dirty)
+	// A new map: clearing one costs its capacity, which a start or a
+	// manifest reload made as large as the number of services.
+	t.dirty = map[ServicePortName]struct{}{}
 	t.mu.Unlock()
 	t.report(problems)
 	return ch
