@@ -107,3 +107,42 @@ func BenchmarkTrackerSync(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEndpointReplaced is the user-space share of a delta sync of one
+// endpoint replaced, handed over as the one changed service port: the same
+// 5,000 endpoints behind one service and spread over 1,666 services of
+// three (the kernel's share: BenchmarkKernelSync).
+func BenchmarkEndpointReplaced(b *testing.B) {
+	wide := wideSnapshot(5000)
+	small := benchSnapshot(1666)
+	for _, w := range []struct {
+		name       string
+		snap, next *k8s.Snapshot
+		port       int
+	}{
+		{"1x5000", wide, withWideEndpointReplaced(wide, 2500, 1<<20), 0},
+		{"1666x3", small, withEndpointChanged(small, 833, 1<<20), 833},
+	} {
+		b.Run(w.name, func(b *testing.B) {
+			var k nopKernel
+			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+			if err := p.Sync(context.Background(), w.snap, true); err != nil {
+				b.Fatal(err)
+			}
+			snaps := [2]*k8s.Snapshot{w.next, w.snap}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				sp := &snaps[i%2].Services[w.port]
+				ch := k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{sp.Name: sp}, Node: w.snap.Node}
+				if err := p.SyncChanges(context.Background(), ch); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			if k.deltas != i {
+				b.Fatalf("%d deltas for %d changes", k.deltas, i)
+			}
+		})
+	}
+}
