@@ -286,6 +286,20 @@ func symmetricDifference(a, b []netip.Addr) (onlyA, onlyB []netip.Addr) {
 	if len(a) == 0 || len(b) == 0 {
 		return a, b
 	}
+	if slices.IsSortedFunc(a, netip.Addr.Compare) && slices.IsSortedFunc(b, netip.Addr.Compare) {
+		// The common case (hairpinAddrs sorts): one merge walk, no map.
+		for len(a) > 0 || len(b) > 0 {
+			switch c := walkOrder(len(a), len(b), func() int { return a[0].Compare(b[0]) }); {
+			case c < 0:
+				onlyA, a = append(onlyA, a[0]), a[1:]
+			case c > 0:
+				onlyB, b = append(onlyB, b[0]), b[1:]
+			default:
+				a, b = a[1:], b[1:]
+			}
+		}
+		return onlyA, onlyB
+	}
 	inA := make(map[netip.Addr]bool, len(a))
 	for _, x := range a {
 		inA[x] = true
@@ -437,4 +451,17 @@ func elementEqual(a, b m.Element) bool {
 
 func sameSetType(a, b *m.Set) bool {
 	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Timeout == b.Timeout
+}
+
+// walkOrder tells which head a merge walk over two sorted lists, with
+// aLeft and bLeft items left, takes next: negative a's, positive b's, zero
+// both (compare says which when both have items).
+func walkOrder(aLeft, bLeft int, compare func() int) int {
+	switch {
+	case aLeft == 0:
+		return 1
+	case bLeft == 0:
+		return -1
+	}
+	return compare()
 }
