@@ -425,16 +425,11 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 // cleanFlows hands the conntrack cleaner the changed service ports only,
 // as two partial snapshots: flows to the others can't have gone stale. The
 // first sync (no previous state) and a retry after a failed cleanup give it
-// the whole state.
+// the whole state as next.
 func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 	start := time.Now()
 	var prev, next *k8s.Snapshot
-	if p.ports == nil || p.flowsFailed {
-		if p.ports != nil {
-			prev = &k8s.Snapshot{Node: p.node}
-		}
-		next = in.snapshot(p.ports)
-	} else {
+	if p.ports != nil {
 		prev, next = &k8s.Snapshot{Node: p.node}, &k8s.Snapshot{Node: in.node}
 		for _, pc := range in.ports {
 			if pc.old != nil {
@@ -444,6 +439,11 @@ func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 				next.Services = append(next.Services, *pc.new)
 			}
 		}
+	}
+	if p.ports == nil || p.flowsFailed {
+		// The retry joins the failed call's ports to prev; next must
+		// then hold them too.
+		next = in.snapshot(p.ports)
 	}
 	deleted, err := p.opts.Flows.Clean(ctx, prev, next)
 	p.opts.Metrics.ConntrackDuration.Observe(time.Since(start).Seconds())
