@@ -70,15 +70,16 @@ func NewReconciler(table Table, localAddrs ...netip.Addr) *Reconciler {
 // was committed. prev is nil on the first sync after start.
 //
 // Errors are never fatal: the caller logs them and goes on. After an error
-// the next call reconciles from this call's prev, so a failed dump or delete
-// is retried on the next sync. Flows deleted by someone else meanwhile count
+// the next call reconciles from this call's prev too, so a failed dump or
+// delete is retried on the next sync. prev and next may hold only the
+// service ports that changed: flows to the others are left alone. Flows deleted by someone else meanwhile count
 // in Result.Gone, not as errors.
 func (r *Reconciler) Reconcile(ctx context.Context, prev, next *k8s.Snapshot) (res Result, err error) {
 	start := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pending {
-		prev = r.pendingPrev
+		prev = withPending(r.pendingPrev, prev)
 	}
 	defer func() {
 		res.Duration = time.Since(start)
@@ -139,4 +140,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, prev, next *k8s.Snapshot) (r
 		return res, fmt.Errorf("delete stale flow %s (%d of %d failed): %w", firstFlow, res.Failed, res.Stale, firstErr)
 	}
 	return res, nil
+}
+
+// withPending is the prev of a retry: the failed call's service ports, and
+// those of this call's prev the failed call lacks (the proxier passes only
+// the ports a sync changed); the older version of a port is the one the
+// flows met. Nil when either is unknown.
+func withPending(pending, prev *k8s.Snapshot) *k8s.Snapshot {
+	if pending == nil || prev == nil {
+		return nil
+	}
+	if pending == prev {
+		return prev
+	}
+	out := &k8s.Snapshot{Services: slices.Clone(pending.Services), Node: pending.Node, ServiceCIDRs: pending.ServiceCIDRs}
+	out.Node.Addrs = slices.Concat(pending.Node.Addrs, prev.Node.Addrs)
+	had := make(map[k8s.ServicePortName]bool, len(pending.Services))
+	for i := range pending.Services {
+		had[pending.Services[i].Name] = true
+	}
+	for _, sp := range prev.Services {
+		if !had[sp.Name] {
+			out.Services = append(out.Services, sp)
+		}
+	}
+	return out
 }

@@ -208,3 +208,29 @@ func BenchmarkReconcile(b *testing.B) {
 		}
 	}
 }
+
+// TestReconcileRetryPartial: when the calls carry only the service ports
+// each sync changed, the retry covers the failed call's ports and its own,
+// a service removed by the retrying sync included.
+func TestReconcileRetryPartial(t *testing.T) {
+	e1, e2, e3 := ep("10.244.1.5", 5353), ep("10.244.2.6", 5353), ep("10.244.3.7", 5353)
+	dns := func(eps ...k8s.Endpoint) k8s.ServicePort { return svc("dns", k8s.UDP, "10.96.0.10", 53, eps...) }
+	gone := svc("gone", k8s.UDP, "10.96.0.11", 53, e3)
+	staleEP := udp("10.0.0.1:40000", "10.96.0.10:53", "10.244.1.5:5353")
+	staleSvc := udp("10.0.0.2:40000", "10.96.0.11:53", "10.244.3.7:5353")
+	keep := udp("10.0.0.4:40000", "10.96.0.10:53", "10.244.2.6:5353")
+	fake := &FakeTable{Flows: []Flow{staleEP, staleSvc, keep}, DumpErr: unix.ENOBUFS}
+	r := NewReconciler(fake)
+	ctx := context.Background()
+	if _, err := r.Reconcile(ctx, snap(dns(e1, e2)), snap(dns(e2))); !errors.Is(err, unix.ENOBUFS) {
+		t.Fatalf("first Reconcile() error = %v, want ENOBUFS", err)
+	}
+	fake.DumpErr = nil
+	// The retrying sync removed gone; its next is the whole state.
+	if _, err := r.Reconcile(ctx, snap(gone), snap(dns(e2))); err != nil {
+		t.Fatalf("second Reconcile() error = %v", err)
+	}
+	if diff := cmp.Diff([]Flow{staleEP, staleSvc}, fake.Deleted, cmpAddrPort); diff != "" {
+		t.Errorf("deleted flows mismatch (-want +got):\n%s", diff)
+	}
+}

@@ -55,11 +55,22 @@ type Tracker struct {
 	stats        Stats
 
 	// Kept between snapshots while no service changes.
-	servicesDirty bool
+	servicesDirty bool                   // the service order must be made again
 	keys          []types.NamespacedName // of services with ports, sorted
 	nPorts        int
 	skip          map[ServicePortName]bool // ports left out for a conflict
 	conflicts     []*ObjectError
+
+	// dirty holds the service ports that changed since the last
+	// TakeChanges: the proxier's delta sync looks at these only.
+	dirty map[ServicePortName]struct{}
+	// claims counts the service ports that claim each address, protocol
+	// and port (and node port), so that a service change whose keys no
+	// other port claims, before or after, skips the conflict check.
+	claims map[claimKey]int
+	// contested: a service change touched a key another port claims; the
+	// conflicts must be found again.
+	contested bool
 }
 
 // The entries keep what was derived from an object, not the object: at tens
@@ -97,6 +108,8 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		slices:    map[types.NamespacedName]*sliceEntry{},
 		byService: map[types.NamespacedName]map[string]*sliceEntry{},
 		merged:    map[types.NamespacedName][]ServicePort{},
+		dirty:     map[ServicePortName]struct{}{},
+		claims:    map[claimKey]int{},
 	}
 }
 
@@ -264,6 +277,7 @@ func (t *Tracker) setService(b *batch, svc *v1.Service) {
 		t.stats.ServiceChanges++
 		delete(t.merged, key)
 		t.servicesDirty = true
+		t.portsChanged(oldPorts, ports)
 		b.changed = true
 	}
 }
@@ -278,8 +292,54 @@ func (t *Tracker) deleteService(b *batch, key types.NamespacedName) {
 	if len(old.ports) > 0 {
 		t.stats.ServiceChanges++
 		t.servicesDirty = true
+		t.portsChanged(old.ports, nil)
 		b.changed = true
 	}
+}
+
+// portsChanged marks the ports of a service's old and new version dirty and
+// moves their claims; a key another port claims too makes the conflicts be
+// found again.
+func (t *Tracker) portsChanged(old, new []ServicePort) {
+	for i := range old {
+		t.dirty[old[i].Name] = struct{}{}
+		for _, k := range claimKeys(&old[i]) {
+			if t.claims[k] > 1 {
+				t.contested = true
+			}
+			if t.claims[k]--; t.claims[k] <= 0 {
+				delete(t.claims, k)
+			}
+		}
+	}
+	for i := range new {
+		t.dirty[new[i].Name] = struct{}{}
+		for _, k := range claimKeys(&new[i]) {
+			if t.claims[k]++; t.claims[k] > 1 {
+				t.contested = true
+			}
+		}
+	}
+}
+
+// claimKey is a key findConflicts hands out: an address, protocol and
+// port, or a node port (nodePort set, no address).
+type claimKey struct {
+	vipKey
+	nodePort bool
+}
+
+func claimKeys(sp *ServicePort) []claimKey {
+	var out []claimKey
+	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, a := range list {
+			out = append(out, claimKey{vipKey: vipKey{a, sp.Name.Protocol, sp.Port}})
+		}
+	}
+	if sp.NodePort != 0 {
+		out = append(out, claimKey{vipKey: vipKey{proto: sp.Name.Protocol, port: sp.NodePort}, nodePort: true})
+	}
+	return out
 }
 
 func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
@@ -341,7 +401,13 @@ func (t *Tracker) endpointsChanged(b *batch, e *sliceEntry) {
 		return
 	}
 	t.stats.EndpointChanges++
-	delete(t.merged, keyOf(e.eps.Namespace, e.eps.Service))
+	key := keyOf(e.eps.Namespace, e.eps.Service)
+	delete(t.merged, key)
+	if svc := t.services[key]; svc != nil {
+		for i := range svc.ports {
+			t.dirty[svc.ports[i].Name] = struct{}{}
+		}
+	}
 	b.changed = true
 }
 
@@ -402,19 +468,14 @@ func (t *Tracker) build() (*Snapshot, []error) {
 	if t.snap != nil {
 		return t.snap, nil
 	}
-	var fresh []error
+	fresh := t.checkConflicts()
 	if t.servicesDirty {
-		fresh = t.sortAndCheck()
+		t.sortKeys()
 		t.servicesDirty = false
 	}
 	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode(), ServiceCIDRs: t.allServiceCIDRs()}
 	for _, key := range t.keys {
-		m, ok := t.merged[key]
-		if !ok {
-			m = WithEndpoints(t.services[key].ports, t.slicesOf(key))
-			t.merged[key] = m
-		}
-		for _, sp := range m {
+		for _, sp := range t.mergedOf(key) {
 			if !t.skip[sp.Name] {
 				snap.Services = append(snap.Services, sp)
 			}
@@ -424,9 +485,19 @@ func (t *Tracker) build() (*Snapshot, []error) {
 	return snap, fresh
 }
 
-// sortAndCheck orders the services with ports and finds their conflicts;
-// it returns the conflicts that are new.
-func (t *Tracker) sortAndCheck() []error {
+// mergedOf returns the service's ports with their endpoints, merged once
+// per change.
+func (t *Tracker) mergedOf(key types.NamespacedName) []ServicePort {
+	m, ok := t.merged[key]
+	if !ok {
+		m = WithEndpoints(t.services[key].ports, t.slicesOf(key))
+		t.merged[key] = m
+	}
+	return m
+}
+
+// sortKeys orders the services with ports, for a whole snapshot.
+func (t *Tracker) sortKeys() {
 	t.keys = t.keys[:0]
 	t.nPorts = 0
 	for key, e := range t.services {
@@ -438,11 +509,44 @@ func (t *Tracker) sortAndCheck() []error {
 	slices.SortFunc(t.keys, func(a, b types.NamespacedName) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+}
+
+// checkConflicts finds the conflicts again when a service change touched a
+// key another port claims (a change no other port competes with leaves them
+// as they are); the ports whose skipping changed become dirty. It returns
+// the conflicts that are new.
+func (t *Tracker) checkConflicts() []error {
+	if !t.contested {
+		return nil
+	}
+	t.contested = false
+	keys := make([]types.NamespacedName, 0, len(t.services))
+	for key, e := range t.services {
+		if len(e.ports) > 0 {
+			keys = append(keys, key)
+		}
+	}
+	slices.SortFunc(keys, func(a, b types.NamespacedName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	old := map[string]bool{}
 	for _, c := range t.conflicts {
 		old[c.Error()] = true
 	}
-	t.skip, t.conflicts = t.findConflicts(t.keys)
+	oldSkip := t.skip
+	t.skip, t.conflicts = t.findConflicts(keys)
+	for name := range oldSkip {
+		if !t.skip[name] {
+			t.dirty[name] = struct{}{}
+		}
+	}
+	for name := range t.skip {
+		if !oldSkip[name] {
+			t.dirty[name] = struct{}{}
+		}
+	}
+	// A skipped port still claims its keys in claims: a change next to it
+	// is contested, and the check runs again.
 	var fresh []error
 	for _, c := range t.conflicts {
 		if !old[c.Error()] {

@@ -361,6 +361,11 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 // send to, each once: a few are compared in place, a wide service's through
 // a map.
 func hairpinAddrs(choice endpointChoice) []netip.Addr {
+	byAddr := func(a, b k8s.Endpoint) int { return a.Addr.Compare(b.Addr) }
+	if len(choice.cluster)+len(choice.local) > 16 &&
+		slices.IsSortedFunc(choice.cluster, byAddr) && slices.IsSortedFunc(choice.local, byAddr) {
+		return mergedAddrs(choice.cluster, choice.local)
+	}
 	out := make([]netip.Addr, 0, len(choice.cluster))
 	var seen map[netip.Addr]bool
 	if len(choice.cluster)+len(choice.local) > 16 {
@@ -375,6 +380,27 @@ func hairpinAddrs(choice endpointChoice) []netip.Addr {
 				seen[e.Addr] = true
 			}
 			out = append(out, e.Addr)
+		}
+	}
+	return out
+}
+
+// mergedAddrs lists the addresses of two address-sorted endpoint lists,
+// each once, sorted: a wide service's in one walk, without a map.
+func mergedAddrs(a, b []k8s.Endpoint) []netip.Addr {
+	out := make([]netip.Addr, 0, max(len(a), len(b)))
+	add := func(x netip.Addr) {
+		if len(out) == 0 || out[len(out)-1] != x {
+			out = append(out, x)
+		}
+	}
+	for len(a) > 0 || len(b) > 0 {
+		if c := walkOrder(len(a), len(b), func() int { return a[0].Addr.Compare(b[0].Addr) }); c <= 0 {
+			add(a[0].Addr)
+			a = a[1:]
+		} else {
+			add(b[0].Addr)
+			b = b[1:]
 		}
 	}
 	return out

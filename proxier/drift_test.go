@@ -94,6 +94,7 @@ type staticSource struct{ snap *k8s.Snapshot }
 
 func (s staticSource) Snapshot() *k8s.Snapshot  { return s.snap }
 func (s staticSource) Changed() <-chan struct{} { return nil }
+func (s staticSource) TakeChanges() k8s.Changes { return k8s.Changes{Node: s.snap.Node} }
 
 // lockedKernel is a recordingKernel safe to share with a running proxier.
 type lockedKernel struct {

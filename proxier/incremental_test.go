@@ -98,11 +98,7 @@ func (g *randomSnapshots) service(i int) k8s.ServicePort {
 // that differ between two snapshots, then the update.
 func updateFrom(t *testing.T, s *incremental, prev, next *k8s.Snapshot) (m.Changes, bool) {
 	t.Helper()
-	d, sorted := diffSnapshots(prev, next)
-	if !sorted {
-		t.Fatal("snapshot not sorted")
-	}
-	return s.update(next, d.ports)
+	return s.update(next.Node, next.ServiceCIDRs, diffPorts(portsOf(prev), next))
 }
 
 var incrementalConfigs = []Config{

@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -137,5 +138,43 @@ func TestWideServiceChangeIsSmall(t *testing.T) {
 				t.Error("full resync changed the slot assignment")
 			}
 		})
+	}
+}
+
+// TestSortedWalksMatchMaps: the merge walks wide services take (sorted
+// input) give what the map-based fallbacks give.
+func TestSortedWalksMatchMaps(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	addr := func(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(n >> 8), byte(n)}) }
+	for range 50 {
+		var cluster, local []k8s.Endpoint
+		for n := range 60 {
+			if r.IntN(2) == 0 {
+				cluster = append(cluster, k8s.Endpoint{Addr: addr(n), Port: uint16(8080 + r.IntN(2))})
+			}
+			if r.IntN(4) == 0 {
+				local = append(local, k8s.Endpoint{Addr: addr(n), Port: 8080})
+			}
+		}
+		choice := endpointChoice{cluster: cluster, local: local}
+		got := hairpinAddrs(choice)
+		shuffled := endpointChoice{cluster: slices.Clone(cluster), local: local}
+		r.Shuffle(len(shuffled.cluster), func(i, j int) {
+			shuffled.cluster[i], shuffled.cluster[j] = shuffled.cluster[j], shuffled.cluster[i]
+		})
+		want := hairpinAddrs(shuffled) // not sorted: the map
+		slices.SortFunc(want, netip.Addr.Compare)
+		if !slices.Equal(got, want) {
+			t.Fatalf("hairpinAddrs sorted %v, by map %v", got, want)
+		}
+		other := hairpinAddrs(endpointChoice{cluster: local, local: cluster[:len(cluster)/2]})
+		onlyA, onlyB := symmetricDifference(got, other)
+		rev := slices.Clone(other)
+		slices.Reverse(rev) // not sorted: the map
+		wantA, wantB := symmetricDifference(got, rev)
+		slices.SortFunc(wantB, netip.Addr.Compare)
+		if !slices.Equal(onlyA, wantA) || !slices.Equal(onlyB, wantB) {
+			t.Fatalf("symmetricDifference sorted %v %v, by map %v %v", onlyA, onlyB, wantA, wantB)
+		}
 	}
 }

@@ -3,7 +3,9 @@ package proxier
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,6 +44,9 @@ type FlowCleaner interface {
 // Source is where snapshots come from: the tracker.
 type Source interface {
 	Snapshot() *k8s.Snapshot
+	// TakeChanges hands over the service ports that changed since the
+	// last call: a delta sync looks at nothing else.
+	TakeChanges() k8s.Changes
 	Changed() <-chan struct{}
 }
 
@@ -81,7 +86,14 @@ type Pauser interface {
 type Proxier struct {
 	opts    Options
 	applied map[m.Family]*incremental // nil entry: kernel state unknown, next sync is full
-	prev    *k8s.Snapshot
+	// ports are the service ports of the last successful sync, by name
+	// (nil before the first): the versions a change replaces.
+	ports map[k8s.ServicePortName]*k8s.ServicePort
+	node  k8s.Node // of the last successful sync
+	// compared counts the service ports the last sync compared with their
+	// previous version: a test checks a delta sync compares only the ones
+	// handed over.
+	compared int
 	// gen is the ruleset generation the last sync left, when its own
 	// commits were the only ones during the sync (genKnown).
 	gen      uint32
@@ -170,7 +182,14 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		case <-due:
 		}
 		syncStart := time.Now()
-		err := p.Sync(ctx, src.Snapshot(), full)
+		var err error
+		if full {
+			// Taken first: the snapshot holds at least what was handed over.
+			src.TakeChanges()
+			err = p.Sync(ctx, src.Snapshot(), true)
+		} else {
+			err = p.SyncChanges(ctx, src.TakeChanges())
+		}
 		lastSync = time.Now()
 		failed = err != nil
 		if failed {
@@ -222,13 +241,74 @@ func (p *Proxier) sameGeneration() bool {
 // Sync compiles snap and brings every family's table to it: the whole table
 // when full or when the kernel state is unknown, otherwise only the diff.
 // On error the old ruleset stays in the kernel and the next sync is full.
+// Finding what changed walks snap beside the last sync's ports; the daemon's
+// delta syncs go through SyncChanges instead.
 func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error {
+	p.compared = len(snap.Services)
+	return p.sync(ctx, syncInput{ports: diffPorts(p.ports, snap), node: snap.Node,
+		serviceCIDRs: snap.ServiceCIDRs, snap: snap, full: full})
+}
+
+// SyncChanges brings every family's table along the changes the source
+// handed over, at a cost that grows with what changed, not with the number
+// of services. A change that can't be made incrementally (the node, the
+// service CIDRs) makes it full, from the last sync's ports with the changes.
+func (p *Proxier) SyncChanges(ctx context.Context, ch k8s.Changes) error {
+	in := syncInput{node: ch.Node, serviceCIDRs: ch.ServiceCIDRs}
+	p.compared = len(ch.Ports)
+	for name, sp := range ch.Ports {
+		old := p.ports[name]
+		switch {
+		case old == nil && sp == nil:
+		case old == nil || sp == nil || !sameServicePort(old, sp):
+			in.ports = append(in.ports, portChange{old: old, new: sp})
+		}
+	}
+	// In name order, as a walk of two snapshots would find them: the
+	// changes, and so the batches, are deterministic.
+	slices.SortFunc(in.ports, func(a, b portChange) int { return a.name().Compare(b.name()) })
+	return p.sync(ctx, in)
+}
+
+// syncInput is what one sync brings the tables to.
+type syncInput struct {
+	ports        []portChange // the service ports that differ from p.ports
+	node         k8s.Node
+	serviceCIDRs []netip.Prefix
+	snap         *k8s.Snapshot // the whole state; nil: made from p.ports and ports when needed
+	full         bool
+}
+
+// snapshot returns the whole state, making it when none was given: only a
+// full sync, a retried conntrack cleanup or a health-check change needs it.
+func (in *syncInput) snapshot(prev map[k8s.ServicePortName]*k8s.ServicePort) *k8s.Snapshot {
+	if in.snap == nil {
+		in.snap = &k8s.Snapshot{Node: in.node, ServiceCIDRs: in.serviceCIDRs,
+			Services: make([]k8s.ServicePort, 0, len(prev)+len(in.ports))}
+		changed := make(map[k8s.ServicePortName]bool, len(in.ports))
+		for _, pc := range in.ports {
+			changed[pc.name()] = true
+			if pc.new != nil {
+				in.snap.Services = append(in.snap.Services, *pc.new)
+			}
+		}
+		for name, sp := range prev {
+			if !changed[name] {
+				in.snap.Services = append(in.snap.Services, *sp)
+			}
+		}
+		slices.SortFunc(in.snap.Services, func(a, b k8s.ServicePort) int { return a.Name.Compare(b.Name) })
+	}
+	return in.snap
+}
+
+func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	start := time.Now()
 	log := p.opts.Logger
 	mt := p.opts.Metrics
 	// Before anything can fail: a node being drained must fail /healthz
 	// even when its rules can't be applied.
-	p.opts.Health.SetNode(snap.Node)
+	p.opts.Health.SetNode(in.node)
 	// The generation before and after tells whether the sync's commits
 	// were the only ones; only then is the kernel known to hold our rules.
 	// A commit of someone else since the last sync is repaired only by a
@@ -249,15 +329,14 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	defer resume()
 	allFull := true
 	var commits uint32
-	diff, sorted := diffSnapshots(p.prev, snap)
-	mt.ServiceChanges.Add(float64(diff.serviceChanges))
-	mt.EndpointChanges.Add(float64(diff.endpointChanges))
+	serviceChanges, endpointChanges := countChanges(in.ports)
+	mt.ServiceChanges.Add(float64(serviceChanges))
+	mt.EndpointChanges.Add(float64(endpointChanges))
 	for _, cfg := range p.opts.Configs {
-		// Only a sorted snapshot can be walked beside the last one.
-		state, stats, kind, err := p.apply(snap, diff.ports, cfg, full || !sorted)
+		state, stats, kind, err := p.apply(&in, cfg)
 		if err != nil {
-			// Every state must be at p.prev, which the next diff starts
-			// from; the families synced before this one are at snap.
+			// Every state must be at p.ports, which the next sync starts
+			// from; the families synced before this one are past it.
 			clear(p.applied)
 			mt.SyncFailures.Inc()
 			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
@@ -280,7 +359,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
 			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
 		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
-			ce.Write(zap.String("ruleset", m.Render(state.ruleset(snap))))
+			ce.Write(zap.String("ruleset", m.Render(state.ruleset(in.snapshot(p.ports)))))
 		}
 	}
 	wasPaused := paused
@@ -297,35 +376,40 @@ func (p *Proxier) Sync(ctx context.Context, snap *k8s.Snapshot, full bool) error
 	mt.SyncDuration.Observe(elapsed.Seconds())
 	mt.SyncLastTimestamp.SetToCurrentTime()
 	p.opts.Health.Updated()
-	log.Info("Synced", zap.Bool("full", full), zap.Duration("took", elapsed),
-		zap.Int("services", len(snap.Services)), zap.Int("serviceChanges", diff.serviceChanges), zap.Int("endpointChanges", diff.endpointChanges))
-	if p.opts.HealthChecks != nil {
-		p.opts.HealthChecks.Update(snap)
+	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
+		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
+	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports)) {
+		p.opts.HealthChecks.Update(in.snapshot(p.ports))
 	}
 	if p.opts.Flows != nil {
-		p.cleanFlows(ctx, snap)
+		p.cleanFlows(ctx, &in)
 	}
-	p.prev = snap
+	if in.snap != nil {
+		p.ports = portsOf(in.snap)
+	} else {
+		p.ports = withChanges(p.ports, in.ports)
+	}
+	p.node = in.node
 	return nil
 }
 
-// apply brings one family's table to snap: only the changes of the service
-// ports that changed since the last sync (ports), or the whole compiled
+// apply brings one family's table to the sync's state: only the changes of
+// the service ports that changed since the last sync, or the whole compiled
 // ruleset when full, when the kernel state is unknown, or when the change
 // can't be made incrementally. It returns the state the kernel is in on
 // success.
-func (p *Proxier) apply(snap *k8s.Snapshot, ports []portChange, cfg Config, full bool) (*incremental, m.Stats, string, error) {
+func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, string, error) {
 	// A full sync keeps the endpoints in their slots when it knows them:
 	// whatever the kernel holds, it is then rewritten to match.
 	var slots Slots
 	if state := p.applied[cfg.Family]; state != nil {
 		slots = state.slots
 	}
-	if state := p.applied[cfg.Family]; !full && state != nil {
+	if state := p.applied[cfg.Family]; !in.full && state != nil {
 		// update spoils the state when it fails; the kernel still has the
 		// old ruleset then, and a full sync follows.
 		p.applied[cfg.Family] = nil
-		if changes, ok := state.update(snap, ports); ok {
+		if changes, ok := state.update(in.node, in.serviceCIDRs, in.ports); ok {
 			if changes.Empty() {
 				return state, m.Stats{}, "none", nil
 			}
@@ -333,14 +417,35 @@ func (p *Proxier) apply(snap *k8s.Snapshot, ports []portChange, cfg Config, full
 			return state, stats, "delta", err
 		}
 	}
-	state, desired := newIncremental(snap, cfg, slots)
+	state, desired := newIncremental(in.snapshot(p.ports), cfg, slots)
 	stats, err := p.opts.Kernel.Apply(desired)
 	return state, stats, "full", err
 }
 
-func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
+// cleanFlows hands the conntrack cleaner the changed service ports only,
+// as two partial snapshots: flows to the others can't have gone stale. The
+// first sync (no previous state) and a retry after a failed cleanup give it
+// the whole state as next.
+func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 	start := time.Now()
-	deleted, err := p.opts.Flows.Clean(ctx, p.prev, snap)
+	var prev, next *k8s.Snapshot
+	if p.ports != nil {
+		prev, next = &k8s.Snapshot{Node: p.node}, &k8s.Snapshot{Node: in.node}
+		for _, pc := range in.ports {
+			if pc.old != nil {
+				prev.Services = append(prev.Services, *pc.old)
+			}
+			if pc.new != nil {
+				next.Services = append(next.Services, *pc.new)
+			}
+		}
+	}
+	if p.ports == nil || p.flowsFailed {
+		// The retry joins the failed call's ports to prev; next must
+		// then hold them too.
+		next = in.snapshot(p.ports)
+	}
+	deleted, err := p.opts.Flows.Clean(ctx, prev, next)
 	p.opts.Metrics.ConntrackDuration.Observe(time.Since(start).Seconds())
 	p.opts.Metrics.ConntrackDeleted.Add(float64(deleted))
 	p.flowsFailed = err != nil
@@ -357,73 +462,106 @@ func (p *Proxier) cleanFlows(ctx context.Context, snap *k8s.Snapshot) {
 // nil for an added one, new for a removed one.
 type portChange struct{ old, new *k8s.ServicePort }
 
-// snapshotDiff is what changed from one snapshot to the next.
-type snapshotDiff struct {
-	ports           []portChange
-	serviceChanges  int // service ports whose service fields changed, added and removed included
-	endpointChanges int // service ports whose endpoints changed
+// name is the service port's name.
+func (pc portChange) name() k8s.ServicePortName {
+	if pc.new != nil {
+		return pc.new.Name
+	}
+	return pc.old.Name
 }
 
-// diffSnapshots walks prev (nil: none) and next side by side; both are
-// sorted by name, so this is one comparison per service port, the only
-// pass over the whole snapshot a delta sync makes. It reports false when
-// next is not sorted, which the walk relies on.
-func diffSnapshots(prev, next *k8s.Snapshot) (snapshotDiff, bool) {
-	var d snapshotDiff
-	var old []k8s.ServicePort
-	if prev != nil {
-		old = prev.Services
-	}
-	cur := next.Services
-	var last *k8s.ServicePort
-	for len(old) > 0 || len(cur) > 0 {
-		c := walkOrder(len(old), len(cur), func() int { return old[0].Name.Compare(cur[0].Name) })
-		if c < 0 { // removed
-			d.ports = append(d.ports, portChange{old: &old[0]})
-			d.serviceChanges++
-			old = old[1:]
-			continue
-		}
-		n := &cur[0]
-		cur = cur[1:]
-		if last != nil && last.Name.Compare(n.Name) >= 0 {
-			return d, false
-		}
-		last = n
-		if c > 0 { // added
-			d.ports = append(d.ports, portChange{new: n})
-			d.serviceChanges++
-			if len(n.Endpoints) > 0 {
-				d.endpointChanges++
+// countChanges counts the service ports whose service fields changed
+// (added and removed ones included) and those whose endpoints changed.
+func countChanges(ports []portChange) (services, endpoints int) {
+	for _, pc := range ports {
+		switch {
+		case pc.old == nil:
+			services++
+			if len(pc.new.Endpoints) > 0 {
+				endpoints++
 			}
-			continue
-		}
-		o := &old[0]
-		old = old[1:]
-		fields, eps := sameServiceFields(o, n), sameEndpoints(o.Endpoints, n.Endpoints)
-		if fields && eps {
-			continue
-		}
-		d.ports = append(d.ports, portChange{old: o, new: n})
-		if !fields {
-			d.serviceChanges++
-		}
-		if !eps {
-			d.endpointChanges++
+		case pc.new == nil:
+			services++
+		default:
+			if !sameServiceFields(pc.old, pc.new) {
+				services++
+			}
+			if !sameEndpoints(pc.old.Endpoints, pc.new.Endpoints) {
+				endpoints++
+			}
 		}
 	}
-	return d, true
+	return services, endpoints
 }
 
-// walkOrder tells which head a merge walk over two name-sorted lists, with
-// oldLeft and curLeft items left, takes next: negative the old one (gone),
-// positive the current one (new), zero both (same name; compare says).
-func walkOrder(oldLeft, curLeft int, compare func() int) int {
-	switch {
-	case oldLeft == 0:
-		return 1
-	case curLeft == 0:
-		return -1
+// healthChecksChanged tells whether a change concerns a health check node
+// port, which the health-check servers must follow.
+func healthChecksChanged(ports []portChange) bool {
+	for _, pc := range ports {
+		for _, sp := range []*k8s.ServicePort{pc.old, pc.new} {
+			if sp != nil && sp.HealthCheckNodePort != 0 {
+				return true
+			}
+		}
 	}
-	return compare()
+	return false
+}
+
+// diffPorts finds the service ports of snap that differ from prev (nil:
+// none), in snap's order, the removed ones after them: one map look-up per
+// service port of snap.
+func diffPorts(prev map[k8s.ServicePortName]*k8s.ServicePort, snap *k8s.Snapshot) []portChange {
+	var out []portChange
+	seen := 0
+	for i := range snap.Services {
+		n := &snap.Services[i]
+		o := prev[n.Name]
+		if o != nil {
+			seen++
+			if sameServicePort(o, n) {
+				continue
+			}
+		}
+		out = append(out, portChange{old: o, new: n})
+	}
+	if seen < len(prev) {
+		in := make(map[k8s.ServicePortName]bool, len(snap.Services))
+		for i := range snap.Services {
+			in[snap.Services[i].Name] = true
+		}
+		var gone []portChange
+		for name, o := range prev {
+			if !in[name] {
+				gone = append(gone, portChange{old: o})
+			}
+		}
+		slices.SortFunc(gone, func(a, b portChange) int { return a.name().Compare(b.name()) })
+		out = append(out, gone...)
+	}
+	return out
+}
+
+// portsOf indexes a snapshot's service ports by name.
+func portsOf(snap *k8s.Snapshot) map[k8s.ServicePortName]*k8s.ServicePort {
+	out := make(map[k8s.ServicePortName]*k8s.ServicePort, len(snap.Services))
+	for i := range snap.Services {
+		out[snap.Services[i].Name] = &snap.Services[i]
+	}
+	return out
+}
+
+// withChanges applies the changes to ports, in place (a new map when ports
+// is nil), and returns it.
+func withChanges(ports map[k8s.ServicePortName]*k8s.ServicePort, changes []portChange) map[k8s.ServicePortName]*k8s.ServicePort {
+	if ports == nil {
+		ports = map[k8s.ServicePortName]*k8s.ServicePort{}
+	}
+	for _, pc := range changes {
+		if pc.new == nil {
+			delete(ports, pc.old.Name)
+		} else {
+			ports[pc.new.Name] = pc.new
+		}
+	}
+	return ports
 }

@@ -3,9 +3,12 @@ package proxier
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
+
+	gocmp "github.com/google/go-cmp/cmp"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -90,7 +93,7 @@ func TestSyncFullThenDelta(t *testing.T) {
 // TestSyncFailureInOneFamily: when the second family's batch fails, the
 // first family's table already holds the new snapshot (here: unchanged, as
 // the service has no IPv6 address) while the proxier's
-// last snapshot, which the next diff starts from, is the old one; so both
+// last ports, which the next diff starts from, are the old ones; so both
 // families sync in full next.
 func TestSyncFailureInOneFamily(t *testing.T) {
 	k := &recordingKernel{}
@@ -115,21 +118,25 @@ func TestSyncFailureInOneFamily(t *testing.T) {
 	}
 }
 
-func TestDiffSnapshots(t *testing.T) {
+func TestDiffPorts(t *testing.T) {
 	a := svc("a", "http", "10.96.0.10", 2)
 	b := svc("b", "http", "10.96.0.11", 1)
 	b2 := svc("b", "http", "10.96.0.11", 2)
 	c := svc("c", "http", "10.96.0.12", 1, nodePort(30000))
 	prev := &k8s.Snapshot{Services: []k8s.ServicePort{a, b}}
 	next := &k8s.Snapshot{Services: []k8s.ServicePort{b2, c}}
-	d, sorted := diffSnapshots(prev, next)
+	d := diffPorts(portsOf(prev), next)
 	// a removed, c added; b's endpoints and c's endpoints changed.
-	if !sorted || d.serviceChanges != 2 || d.endpointChanges != 2 || len(d.ports) != 3 {
-		t.Errorf("diffSnapshots = %d services, %d endpoints, %d ports, sorted %v; want 2, 2, 3, true",
-			d.serviceChanges, d.endpointChanges, len(d.ports), sorted)
+	services, endpoints := countChanges(d)
+	var names []string
+	for _, pc := range d {
+		names = append(names, pc.name().Name)
 	}
-	if _, sorted := diffSnapshots(nil, &k8s.Snapshot{Services: []k8s.ServicePort{b, a}}); sorted {
-		t.Error("diffSnapshots took an unsorted snapshot")
+	if services != 2 || endpoints != 2 || !slices.Equal(names, []string{"b", "c", "a"}) {
+		t.Errorf("diffPorts = %d services, %d endpoints, ports %v; want 2, 2, [b c a]", services, endpoints, names)
+	}
+	if d := diffPorts(portsOf(next), next); len(d) != 0 {
+		t.Errorf("diffPorts of a snapshot against itself = %d changes", len(d))
 	}
 }
 
@@ -180,4 +187,104 @@ type racingKernel struct{ *recordingKernel }
 func (k *racingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	k.gen++
 	return k.recordingKernel.Apply(rs)
+}
+
+// modelKernel keeps the ruleset the proxier's batches would leave, per
+// family, applying the changes to the model.
+type modelKernel struct {
+	t      *testing.T
+	tables map[m.Family]*m.Ruleset
+}
+
+func (k *modelKernel) Generation() (uint32, error) { return 0, nil }
+
+func (k *modelKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	k.tables[rs.Family] = rs
+	return m.Stats{}, nil
+}
+
+func (k *modelKernel) ApplyChanges(f m.Family, _ string, c *m.Changes) (m.Stats, error) {
+	k.tables[f] = applyToModel(k.t, k.tables[f], c)
+	return m.Stats{}, nil
+}
+
+// changesBetween is what a tracker hands over between two snapshots: the
+// ports that differ, and some that do not (a tracker may list those too).
+func changesBetween(prev, next *k8s.Snapshot) k8s.Changes {
+	ch := k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{}, Node: next.Node, ServiceCIDRs: next.ServiceCIDRs}
+	for _, pc := range diffPorts(portsOf(prev), next) {
+		ch.Ports[pc.name()] = pc.new
+	}
+	if len(next.Services) > 0 {
+		ch.Ports[next.Services[0].Name] = &next.Services[0]
+	}
+	return ch
+}
+
+// TestSyncChangesMatchesCompile: delta syncs from handed-over changes, over
+// random sequences in both families, leave the tables Compile builds, and
+// compare only the ports handed over. Every other seed keeps the applied
+// piece of every port, as of a wide one.
+func TestSyncChangesMatchesCompile(t *testing.T) {
+	defer func(v int) { keptFromEndpoints = v }(keptFromEndpoints)
+	for seed := range uint64(10) {
+		keptFromEndpoints = []int{0, 64}[seed%2]
+		g := newRandomSnapshots(seed)
+		k := &modelKernel{t: t, tables: map[m.Family]*m.Ruleset{}}
+		p := New(Options{Configs: incrementalConfigs, Kernel: k})
+		snap := g.next()
+		if err := p.Sync(context.Background(), snap, true); err != nil {
+			t.Fatal(err)
+		}
+		for step := range 40 {
+			prev := snap
+			snap = g.next()
+			ch := changesBetween(prev, snap)
+			if err := p.SyncChanges(context.Background(), ch); err != nil {
+				t.Fatal(err)
+			}
+			if p.compared != len(ch.Ports) {
+				t.Fatalf("seed %d step %d: compared %d ports, %d were handed over", seed, step, p.compared, len(ch.Ports))
+			}
+			for _, cfg := range incrementalConfigs {
+				want := compileWithSlots(snap, cfg, p.applied[cfg.Family].slots)
+				if diff := gocmp.Diff(normalRender(want), normalRender(k.tables[cfg.Family])); diff != "" {
+					t.Fatalf("seed %d step %d %s: tables differ from Compile (-compiled +synced):\n%s", seed, step, cfg.Family, diff)
+				}
+			}
+		}
+	}
+}
+
+// TestSyncChangesComparesOnlyWhatChanged: with many services applied, a
+// delta sync of one changed endpoint compares one service port, and a sync
+// of nothing none.
+func TestSyncChangesComparesOnlyWhatChanged(t *testing.T) {
+	var k recordingKernel
+	p := New(Options{Configs: []Config{testConfig}, Kernel: &k})
+	snap := &k8s.Snapshot{}
+	for i := range 1000 {
+		snap.Services = append(snap.Services, svc(fmt.Sprintf("svc-%04d", i), "http",
+			netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String(), 2))
+	}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	changed := svc("svc-0042", "http", "10.96.0.42", 3)
+	for _, tt := range []struct {
+		name  string
+		ports map[k8s.ServicePortName]*k8s.ServicePort
+		want  []string
+	}{
+		{"one endpoint added", map[k8s.ServicePortName]*k8s.ServicePort{changed.Name: &changed}, []string{"delta ip"}},
+		{"nothing", nil, nil},
+	} {
+		k.calls = nil
+		if err := p.SyncChanges(context.Background(), k8s.Changes{Ports: tt.ports, Node: snap.Node}); err != nil {
+			t.Fatal(err)
+		}
+		if p.compared != len(tt.ports) || !slices.Equal(k.calls, tt.want) {
+			t.Errorf("%s: compared %d ports, kernel calls %v; want %d, %v", tt.name, p.compared, k.calls, len(tt.ports), tt.want)
+		}
+	}
 }

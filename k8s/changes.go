@@ -1,0 +1,55 @@
+package k8s
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// Changes is what the tracker hands over to a delta sync: the service ports
+// that changed since the last hand-over, with the node and the service
+// CIDRs (whose changes make the sync full). It costs what changed: nothing
+// in it walks the unchanged services.
+type Changes struct {
+	// Ports holds the current version of each service port that may have
+	// changed; nil when it is gone (deleted, or left out for a conflict).
+	// A port can be listed although it is as the receiver last saw it.
+	Ports        map[ServicePortName]*ServicePort
+	Node         Node
+	ServiceCIDRs []netip.Prefix
+}
+
+// TakeChanges hands over the service ports that changed since the last call,
+// and forgets them. A full sync calls it before Snapshot, so that the
+// snapshot holds at least what was handed over. The ports point into the
+// tracker's state, which is never modified in place: neither the tracker nor
+// the caller may modify them.
+func (t *Tracker) TakeChanges() Changes {
+	t.mu.Lock()
+	problems := t.checkConflicts()
+	t.stats.Invalid += uint64(len(problems))
+	ch := Changes{Ports: make(map[ServicePortName]*ServicePort, len(t.dirty)), Node: t.currentNode(),
+		ServiceCIDRs: t.allServiceCIDRs()}
+	for name := range t.dirty {
+		ch.Ports[name] = t.current(name)
+	}
+	// A new map: clearing one costs its capacity, which a start or a
+	// manifest reload made as large as the number of services.
+	t.dirty = map[ServicePortName]struct{}{}
+	t.mu.Unlock()
+	t.report(problems)
+	return ch
+}
+
+// current returns the merged version of a service port; nil when there is
+// none or it is left out for a conflict.
+func (t *Tracker) current(name ServicePortName) *ServicePort {
+	key := keyOf(name.Namespace, name.Name)
+	if t.services[key] == nil || t.skip[name] {
+		return nil
+	}
+	m := t.mergedOf(key)
+	if i := slices.IndexFunc(m, func(sp ServicePort) bool { return sp.Name == name }); i >= 0 {
+		return &m[i]
+	}
+	return nil
+}

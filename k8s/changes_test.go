@@ -1,0 +1,132 @@
+package k8s
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// changedNames lists the ports of ch, "name" for a current one and
+// "-name" for a gone one, sorted.
+func changedNames(ch Changes) []string {
+	var out []string
+	for name, sp := range ch.Ports {
+		s := name.String()
+		if sp == nil {
+			s = "-" + s
+		}
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestTakeChangesListsWhatChanged: each hand-over lists the service ports
+// that changed since the previous one, and only those.
+func TestTakeChangesListsWhatChanged(t *testing.T) {
+	tr := NewTracker(nil, TrackerOptions{})
+	older := svc("default", "zz-older")
+	older.CreationTimestamp = metav1.NewTime(time.Unix(1000, 0))
+	newer := svc("default", "aa-newer") // same ClusterIP: loses the conflict
+	newer.CreationTimestamp = metav1.NewTime(time.Unix(2000, 0))
+	other := svc("default", "other", withClusterIPs("10.96.0.11"))
+	tr.ReplaceAll([]*v1.Service{older, newer, other},
+		[]*discoveryv1.EndpointSlice{slice("default", "other-1", "other", discoveryv1.AddressTypeIPv4, ep("10.244.0.1"))}, nil)
+	steps := []struct {
+		name   string
+		change func()
+		want   []string
+	}{
+		{"start", func() {}, []string{"-default/aa-newer:http", "default/other:http", "default/zz-older:http"}},
+		{"nothing", func() {}, nil},
+		{"endpoint", func() {
+			tr.SetSlice(slice("default", "other-1", "other", discoveryv1.AddressTypeIPv4, ep("10.244.0.2")))
+		}, []string{"default/other:http"}},
+		{"conflict winner gone", func() { tr.DeleteService("default", "zz-older") },
+			[]string{"-default/zz-older:http", "default/aa-newer:http"}},
+		{"slice of no service", func() {
+			tr.SetSlice(slice("default", "nobody-1", "nobody", discoveryv1.AddressTypeIPv4, ep("10.244.0.3")))
+		}, nil},
+	}
+	for _, st := range steps {
+		st.change()
+		if diff := cmp.Diff(st.want, changedNames(tr.TakeChanges())); diff != "" {
+			t.Errorf("%s: changes (-want +got):\n%s", st.name, diff)
+		}
+	}
+}
+
+// TestTakeChangesFollowSnapshot: over random sequences of service and
+// slice events, conflicts among them, the ports handed over, applied one
+// hand-over after another, are always the tracker's snapshot.
+func TestTakeChangesFollowSnapshot(t *testing.T) {
+	for seed := range uint64(10) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		tr := NewTracker(nil, TrackerOptions{})
+		have := map[ServicePortName]*ServicePort{}
+		conflicts := 0
+		for step := range 200 {
+			for range 1 + r.IntN(3) {
+				i := r.IntN(8)
+				name := fmt.Sprintf("svc-%d", i)
+				switch r.IntN(6) {
+				case 0:
+					tr.DeleteService("default", name)
+				case 1:
+					tr.DeleteSlice("default", name+"-1")
+				case 2, 3:
+					// Few addresses and node ports: conflicts come and go.
+					s := svc("default", name, withClusterIPs(fmt.Sprintf("10.96.0.%d", 1+r.IntN(5))), func(s *v1.Service) {
+						s.CreationTimestamp = metav1.NewTime(time.Unix(int64(r.IntN(3)), 0))
+						if r.IntN(2) == 0 {
+							s.Spec.Type = v1.ServiceTypeNodePort
+							s.Spec.Ports[0].NodePort = int32(30000 + r.IntN(3))
+						}
+					})
+					tr.SetService(s)
+				default:
+					var eps []discoveryv1.Endpoint
+					for n := range r.IntN(4) {
+						eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", i, n+1+r.IntN(3))))
+					}
+					tr.SetSlice(slice("default", name+"-1", name, discoveryv1.AddressTypeIPv4, eps...))
+				}
+			}
+			for name, sp := range tr.TakeChanges().Ports {
+				if sp == nil {
+					delete(have, name)
+				} else {
+					have[name] = sp
+				}
+			}
+			var got []string
+			for _, sp := range have {
+				got = append(got, fmt.Sprint(*sp))
+			}
+			slices.Sort(got)
+			var want []string
+			for _, sp := range tr.Snapshot().Services {
+				want = append(want, fmt.Sprint(sp))
+			}
+			slices.Sort(want)
+			if len(tr.Skipped()) > 0 {
+				conflicts++
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("seed %d step %d: ports handed over differ from the snapshot (-snapshot +changes):\n%s",
+					seed, step, strings.TrimSpace(diff))
+			}
+		}
+		if conflicts == 0 {
+			t.Errorf("seed %d: no step had a conflict", seed)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package proxier_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/k8s"
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// trackerService is benchService(i) as API objects: the Service and its one
+// EndpointSlice, whose third endpoint is the n-th address given.
+func trackerService(i int) *v1.Service {
+	sp := benchService(i)
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: sp.Name.Namespace, Name: sp.Name.Name},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: sp.ClusterIPs[0].String(),
+			ClusterIPs: []string{sp.ClusterIPs[0].String()},
+			Ports:      []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}},
+	}
+	if sp.NodePort != 0 {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = int32(sp.NodePort)
+	}
+	return s
+}
+
+func trackerSlice(i int, third uint32) *discoveryv1.EndpointSlice {
+	name := fmt.Sprintf("svc-%05d", i)
+	ready := true
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(v1.ProtocolTCP)}},
+	}
+	for _, n := range []uint32{uint32(3*i + 1), uint32(3*i + 2), third} {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{benchEndpoint(n).Addr.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// BenchmarkTrackerSync is the user-space share of one change from the event
+// to the kernel batch, with n services applied: the tracker takes the event,
+// then the proxier syncs what it hands over (changes: the daemon's way), or
+// the whole snapshot it builds (snapshot: every step walks every service).
+// Each iteration makes a real change: one endpoint of one service replaced,
+// or one service added (and, the next iteration, removed).
+func BenchmarkTrackerSync(b *testing.B) {
+	for _, n := range benchSizes {
+		var services []*v1.Service
+		var slices []*discoveryv1.EndpointSlice
+		for i := range n {
+			services = append(services, trackerService(i))
+			slices = append(slices, trackerSlice(i, uint32(3*i+3)))
+		}
+		changes := map[string]func(tr *k8s.Tracker, i int){
+			"endpoint-changed": func(tr *k8s.Tracker, i int) {
+				tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
+			},
+			"service-added": func(tr *k8s.Tracker, i int) {
+				if i%2 == 0 {
+					tr.SetService(trackerService(n))
+				} else {
+					tr.DeleteService("default", fmt.Sprintf("svc-%05d", n))
+				}
+			},
+		}
+		for _, change := range []string{"endpoint-changed", "service-added"} {
+			for _, way := range []string{"changes", "snapshot"} {
+				b.Run(fmt.Sprintf("%s/%s/services=%d", change, way, n), func(b *testing.B) {
+					tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+					tr.ReplaceAll(services, slices, nil)
+					var k nopKernel
+					p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+					tr.TakeChanges()
+					if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+						b.Fatal(err)
+					}
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						changes[change](tr, i)
+						var err error
+						if way == "changes" {
+							err = p.SyncChanges(context.Background(), tr.TakeChanges())
+						} else {
+							err = p.Sync(context.Background(), tr.Snapshot(), false)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						i++
+					}
+					if k.deltas != i || k.full != 1 {
+						b.Fatalf("%d deltas and %d full syncs for %d changes; want a delta each", k.deltas, k.full, i)
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkEndpointReplaced is the user-space share of a delta sync of one
+// endpoint replaced, handed over as the one changed service port: the same
+// 5,000 endpoints behind one service and spread over 1,666 services of
+// three (the kernel's share: BenchmarkKernelSync).
+func BenchmarkEndpointReplaced(b *testing.B) {
+	wide := wideSnapshot(5000)
+	small := benchSnapshot(1666)
+	for _, w := range []struct {
+		name       string
+		snap, next *k8s.Snapshot
+		port       int
+	}{
+		{"1x5000", wide, withWideEndpointReplaced(wide, 2500, 1<<20), 0},
+		{"1666x3", small, withEndpointChanged(small, 833, 1<<20), 833},
+	} {
+		b.Run(w.name, func(b *testing.B) {
+			var k nopKernel
+			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+			if err := p.Sync(context.Background(), w.snap, true); err != nil {
+				b.Fatal(err)
+			}
+			snaps := [2]*k8s.Snapshot{w.next, w.snap}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				sp := &snaps[i%2].Services[w.port]
+				ch := k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{sp.Name: sp}, Node: w.snap.Node}
+				if err := p.SyncChanges(context.Background(), ch); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			if k.deltas != i {
+				b.Fatalf("%d deltas for %d changes", k.deltas, i)
+			}
+		})
+	}
+}
