@@ -235,12 +235,7 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 			t.Fatal(err)
 		}
 	}
-	u, err := url.Parse(env.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
-	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr())
+	s.relay, s.kubeconfig = relayToAPIServer(t, env, s.topo.Node)
 	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
 		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
@@ -269,6 +264,18 @@ func (s *clusterScenario) startDaemon() {
 	if err := d.WaitSynced(s.ctx, 1); err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// relayToAPIServer relays 127.0.0.1 in ns to the test's API server and
+// writes a kubeconfig through it, acting as the daemon's ServiceAccount.
+func relayToAPIServer(t *testing.T, env *clusterEnv, ns *netns.NS) (*netns.Relay, string) {
+	t.Helper()
+	u, err := url.Parse(env.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startClusterRelay(t, ns, u.Host)
+	return r, clusterKubeconfig(t, env.srv.Kubeconfig, r.Addr())
 }
 
 // startClusterRelay starts a relay from 127.0.0.1 in ns to target (the API
@@ -300,18 +307,8 @@ func clusterKubeconfig(t *testing.T, admin, relay string) string {
 func (s *clusterScenario) deleteAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	svcs, err := s.env.client.CoreV1().Services(s.ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		s.t.Errorf("list services to delete: %v", err)
-		return
-	}
-	for _, svc := range svcs.Items {
-		if err := s.env.client.CoreV1().Services(s.ns).Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
-			s.t.Errorf("delete service %s: %v", svc.Name, err)
-		}
-	}
-	if err := s.env.client.DiscoveryV1().EndpointSlices(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		s.t.Errorf("delete endpoint slices: %v", err)
+	if err := apiserver.DeleteServicesAndSlices(ctx, s.env.client, s.ns); err != nil {
+		s.t.Error(err)
 	}
 }
 
@@ -1010,9 +1007,10 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 			}
 			tampered := clusterSortedBlocks(s.ruleset())
 			name, askErr := s.topo.Client.AskTCP(s.ctx, tt.broken)
-			// A periodic sync may repair it before we look; only then may
-			// the tampering be invisible.
-			if s.d.Syncs() == syncs {
+			// The drift repair may undo it before we look (the sync counter
+			// moves only after the repair is in the kernel, so the table is
+			// read again too); only then may the tampering be invisible.
+			if s.d.Syncs() == syncs && clusterSortedBlocks(s.ruleset()) == tampered {
 				if tampered == want {
 					t.Fatal("tampering changed nothing")
 				}
@@ -1026,8 +1024,8 @@ func testClusterDriftRepair(t *testing.T, env *clusterEnv) {
 				}
 				return nil
 			})
-			// Nothing changed in the cluster: only the periodic full sync
-			// can have repaired it.
+			// Nothing changed in the cluster: only the drift repair or the
+			// periodic full sync can have repaired it.
 			t.Logf("repaired after %s (sync period %s)", took.Round(time.Millisecond), period)
 			for _, addr := range []netip.AddrPort{vip, np} {
 				if err := s.answeredBy(addr, n0); err != nil {

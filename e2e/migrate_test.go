@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -274,12 +273,7 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 			t.Fatal(err)
 		}
 	}
-	u, err := url.Parse(env.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.relay = startClusterRelay(t, s.topo.Node, u.Host)
-	s.kubeconfig = clusterKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr())
+	s.relay, s.kubeconfig = relayToAPIServer(t, env, s.topo.Node)
 
 	clusterIP := netip.AddrFrom4([4]byte{10, 96, 50, byte(10 + i)})
 	nodePort := int32(30500 + i)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdv1 "k8s.io/client-go/tools/clientcmd/api/v1"
@@ -523,4 +525,24 @@ func RelayedKubeconfig(admin, server, identity, path string) error {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return nil
+}
+
+// DeleteServicesAndSlices deletes every Service and EndpointSlice of a
+// Kubernetes namespace. Without a namespace controller a namespace itself
+// never goes away, so tests clear what they made in it instead.
+func DeleteServicesAndSlices(ctx context.Context, client kubernetes.Interface, ns string) error {
+	svcs, err := client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list services: %w", err)
+	}
+	var errs []error
+	for _, s := range svcs.Items {
+		if err := client.CoreV1().Services(ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			errs = append(errs, fmt.Errorf("delete service %s: %w", s.Name, err))
+		}
+	}
+	if err := client.DiscoveryV1().EndpointSlices(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		errs = append(errs, fmt.Errorf("delete endpoint slices: %w", err))
+	}
+	return errors.Join(errs...)
 }

@@ -136,18 +136,8 @@ func (e *env) namespace() {
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		svcs, err := e.c.Client.CoreV1().Services(e.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			e.t.Errorf("list services: %v", err)
-			return
-		}
-		for _, s := range svcs.Items {
-			if err := e.c.Client.CoreV1().Services(e.ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
-				e.t.Errorf("delete service %s: %v", s.Name, err)
-			}
-		}
-		if err := e.c.Client.DiscoveryV1().EndpointSlices(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-			e.t.Errorf("delete slices: %v", err)
+		if err := apiserver.DeleteServicesAndSlices(ctx, e.c.Client, e.ns); err != nil {
+			e.t.Error(err)
 		}
 	})
 }
