@@ -257,104 +257,139 @@ func (c *compiler) fixedSets() []*m.Set {
 		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints}
 }
 
-// piece compiles one service port.
+// piece compiles one service port: its ClusterIPs, its external
+// addresses (external IPs and load balancer IPs) and its node port.
 func (c *compiler) piece(sp *k8s.ServicePort) *piece {
-	p := &piece{}
 	// Like kube-proxy, a family's table only serves services with a
 	// ClusterIP of that family: an external or load balancer address of the
 	// other family is not the service's business there.
 	if !c.hasFamilyAddress(sp) {
-		return p
+		return &piece{}
 	}
-	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
-	internal := choice.internal(sp)
-	// Room for the elements at once: a key per address and the node port,
-	// each with its endpoints' slots.
+	b := c.newPieceBuilder(sp)
+	for _, ip := range sp.ClusterIPs {
+		if c.cfg.addrInFamily(ip) {
+			b.clusterIP(ip)
+		}
+	}
+	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		if c.cfg.addrInFamily(ip) {
+			b.externalIP(ip)
+		}
+	}
+	if sp.NodePort != 0 {
+		b.nodePort()
+	}
+	return b.p
+}
+
+// pieceBuilder compiles the piece of one service port, one address at a
+// time.
+type pieceBuilder struct {
+	c       *compiler
+	sp      *k8s.ServicePort
+	p       *piece
+	choice  endpointChoice
+	proto   m.Value
+	comment string
+	// own are the service port's own chains, for affinity and eTP=Local
+	// (nil when it has none): everything else shares the dispatch chains
+	// and the endpoint maps.
+	own *serviceChains
+}
+
+func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
+	b := &pieceBuilder{c: c, sp: sp, p: &piece{},
+		choice:  chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) }),
+		proto:   m.N(uint32(sp.Name.Protocol.Number())),
+		comment: sp.Name.String(),
+	}
+	// Room for the elements at once: a key per address and the node port.
 	keys := len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 	if sp.NodePort != 0 {
 		keys++
 	}
-	p.elements = make([]keyedElement, 0, keys)
-	p.uses = make([]sharedObj, 0, keys)
-	p.hairpin = hairpinAddrs(choice)
-	proto := m.N(uint32(sp.Name.Protocol.Number()))
-	port := m.N(uint32(sp.Port))
-	comment := sp.Name.String()
-	// Affinity and eTP=Local need chains of their own; everything else
-	// shares the dispatch chains and the endpoint maps.
-	var own *serviceChains
+	b.p.elements = make([]keyedElement, 0, keys)
+	b.p.uses = make([]sharedObj, 0, keys)
+	b.p.hairpin = hairpinAddrs(b.choice)
 	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
-		own = c.serviceChains(p, sp, choice)
+		b.own = c.serviceChains(b.p, sp, b.choice)
 	}
-	noEndpoints := func(set *m.Set, key []m.Value, drop bool) {
-		v := rejectVerdict
-		if drop {
-			v = &m.Verdict{Kind: m.Drop}
-		}
-		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: v}})
-	}
-	dispatch := func(set *m.Set, key []m.Value, chain string) {
-		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: c.gotoVerdict(chain)}})
-	}
-	// shared dispatches through the chain of kind for len(eps) endpoints
-	// and puts endpoint i into slot i of the map targets.
-	shared := func(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
-		eps = c.slotsOf(p, slotsKey{sp.Name, local}, eps)
-		obj := sharedObj{kind, len(eps)}
-		dispatch(set, key, c.sharedChainName(obj))
-		p.uses = append(p.uses, obj)
-		p.runs = append(p.runs, slotRun{set: targets, key: key, eps: eps})
-	}
+	return b
+}
 
-	for _, ip := range sp.ClusterIPs {
-		if !c.cfg.addrInFamily(ip) {
-			continue
-		}
-		if !slices.Contains(p.clusterIPs, ip) {
-			p.clusterIPs = append(p.clusterIPs, ip)
-		}
-		key := []m.Value{m.A(ip), proto, port}
-		switch {
-		case len(internal) == 0:
-			// iTP=Local without local endpoints drops, like kube-proxy;
-			// no endpoints at all rejects.
-			noEndpoints(c.noEndpointIPs, key, sp.InternalPolicyLocal && len(choice.cluster) > 0)
-		case sp.AffinityTimeout > 0:
-			dispatch(c.serviceIPs, key, own.internal)
-		default:
-			shared(c.serviceIPs, key, clusterDispatch, c.endpoints, sp.InternalPolicyLocal, internal)
-		}
+// clusterIP dispatches traffic to one ClusterIP.
+func (b *pieceBuilder) clusterIP(ip netip.Addr) {
+	if !slices.Contains(b.p.clusterIPs, ip) {
+		b.p.clusterIPs = append(b.p.clusterIPs, ip)
 	}
-	// External traffic: eTP=Local keeps it on this node (own chains);
-	// otherwise it shares the chains that masquerade everything.
-	external := func(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind sharedKind, targets *m.Set) {
-		switch {
-		case len(choice.cluster) == 0:
-			noEndpoints(noEndpointSet, key, false)
-		case own != nil:
-			dispatch(dispatchSet, key, own.external)
-		default:
-			shared(dispatchSet, key, kind, targets, false, choice.cluster)
-		}
+	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
+	internal := b.choice.internal(b.sp)
+	switch {
+	case len(internal) == 0:
+		// iTP=Local without local endpoints drops, like kube-proxy;
+		// no endpoints at all rejects.
+		b.noEndpoints(b.c.noEndpointIPs, key, b.sp.InternalPolicyLocal && len(b.choice.cluster) > 0)
+	case b.sp.AffinityTimeout > 0:
+		b.dispatch(b.c.serviceIPs, key, b.own.internal)
+	default:
+		b.shared(b.c.serviceIPs, key, clusterDispatch, b.c.endpoints, b.sp.InternalPolicyLocal, internal)
 	}
-	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
-		if !c.cfg.addrInFamily(ip) {
-			continue
-		}
-		key := []m.Value{m.A(ip), proto, port}
-		external(key, c.serviceIPs, c.noEndpointIPs, externalDispatch, c.endpoints)
-		// Like kube-proxy, only ranges of the compiled family filter: a
-		// family without any leaves its load balancer addresses open.
-		if slices.ContainsFunc(sp.LoadBalancerSourceRanges, c.cfg.inFamily) && slices.Contains(sp.LoadBalancerIPs, ip) {
-			c.firewall(p, sp, key)
-		}
+}
+
+// externalIP dispatches traffic to one external or load balancer address,
+// behind the load balancer's source ranges when it has some.
+func (b *pieceBuilder) externalIP(ip netip.Addr) {
+	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
+	b.external(key, b.c.serviceIPs, b.c.noEndpointIPs, externalDispatch, b.c.endpoints)
+	// Like kube-proxy, only ranges of the compiled family filter: a
+	// family without any leaves its load balancer addresses open.
+	if slices.ContainsFunc(b.sp.LoadBalancerSourceRanges, b.c.cfg.inFamily) && slices.Contains(b.sp.LoadBalancerIPs, ip) {
+		b.c.firewall(b.p, b.sp, key)
 	}
-	if sp.NodePort == 0 {
-		return p
+}
+
+// nodePort dispatches traffic to the node port.
+func (b *pieceBuilder) nodePort() {
+	key := []m.Value{b.proto, m.N(uint32(b.sp.NodePort))}
+	b.external(key, b.c.serviceNodePorts, b.c.noEndpointNodePorts, nodePortDispatch, b.c.nodePortEndpoints)
+}
+
+// external dispatches external traffic: eTP=Local keeps it on this node
+// (own chains); otherwise it shares the chains that masquerade everything.
+func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind sharedKind, targets *m.Set) {
+	switch {
+	case len(b.choice.cluster) == 0:
+		b.noEndpoints(noEndpointSet, key, false)
+	case b.own != nil:
+		b.dispatch(dispatchSet, key, b.own.external)
+	default:
+		b.shared(dispatchSet, key, kind, targets, false, b.choice.cluster)
 	}
-	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
-	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, c.nodePortEndpoints)
-	return p
+}
+
+// noEndpoints refuses traffic to key: rejects it, or drops it.
+func (b *pieceBuilder) noEndpoints(set *m.Set, key []m.Value, drop bool) {
+	v := rejectVerdict
+	if drop {
+		v = &m.Verdict{Kind: m.Drop}
+	}
+	b.p.elements = append(b.p.elements, keyedElement{set, m.Element{Key: key, Comment: b.comment, Verdict: v}})
+}
+
+// dispatch sends traffic to key to chain.
+func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
+	b.p.elements = append(b.p.elements, keyedElement{set, m.Element{Key: key, Comment: b.comment, Verdict: b.c.gotoVerdict(chain)}})
+}
+
+// shared dispatches through the chain of kind for len(eps) endpoints and
+// puts endpoint i into slot i of the map targets.
+func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
+	eps = b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
+	obj := sharedObj{kind, len(eps)}
+	b.dispatch(set, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
+	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: eps})
 }
 
 // hairpinAddrs lists the addresses of the endpoints a service port may
