@@ -176,6 +176,10 @@ type MarkXor struct{ Bits uint32 }
 type DNATMap struct {
 	Key    []Field
 	Numgen uint32
+	// Offset is added to the random number (numgen … offset Offset): a
+	// second run of slots under the same key, such as a service's local
+	// endpoints, starts there.
+	Offset uint32
 	Map    string
 }
 

@@ -301,7 +301,7 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 			if e.Numgen > 0 {
 				// The random slot is the key's last part, in the register
 				// after the fields, host-endian as the map's key stores it.
-				out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Type: unix.NFT_NG_RANDOM})
+				out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Offset: e.Offset, Type: unix.NFT_NG_RANDOM})
 			}
 			out = append(out,
 				&expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 1},

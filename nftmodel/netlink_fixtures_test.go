@@ -150,6 +150,7 @@ func fullRuleset() *Ruleset {
 				nlRule(DNATMap{Key: svcKey, Map: "endpoints"}),
 				nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.244.0.0/16")}, DNATMap{Key: svcKey, Numgen: 3, Map: "slots"}),
 				nlRule(DNATMap{Key: svcKey, Numgen: 1, Map: "slots"}),
+				nlRule(DNATMap{Key: svcKey, Numgen: 2, Offset: 65536, Map: "slots"}),
 				nlRule(DNATMap{Key: []Field{FieldL4Proto, FieldTHDport}, Numgen: 5000, Map: "node-port-slots"}),
 				nlRule(DNAT{Proto: 17, Addr: ip("10.244.2.3"), Port: 53}),
 			}},

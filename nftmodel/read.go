@@ -505,7 +505,7 @@ func (d *ruleDecoder) keyed(key []Field, n int) (Expr, int, bool) {
 		l, okL := d.at(n + 1).(*expr.Lookup)
 		_, okN := d.at(n + 2).(*expr.NAT)
 		if okL && okN && l.IsDestRegSet && l.DestRegister != 0 {
-			return DNATMap{Key: key, Numgen: e.Modulus, Map: l.SetName}, n + 3, true
+			return DNATMap{Key: key, Numgen: e.Modulus, Offset: e.Offset, Map: l.SetName}, n + 3, true
 		}
 	case *expr.Dynset:
 		return UpdateSet{Key: key, Set: e.SetName}, n + 1, true
@@ -611,7 +611,7 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (Expr, int, error) {
 	}
 	if _, ok := d.at(2).(*expr.NAT); ok && l.IsDestRegSet && l.DestRegister != 0 {
 		// A DNAT map keyed with the random slot alone.
-		return DNATMap{Numgen: ng.Modulus, Map: l.SetName}, 3, nil
+		return DNATMap{Numgen: ng.Modulus, Offset: ng.Offset, Map: l.SetName}, 3, nil
 	}
 	ls := d.anon[l.SetName]
 	if ls == nil {

@@ -342,7 +342,7 @@ func renderExpr(f Family, e Expr) string {
 	case MarkXor:
 		return fmt.Sprintf("meta mark set meta mark ^ 0x%08x", e.Bits)
 	case DNATMap:
-		return fmt.Sprintf("dnat %s to %s map @%s", f, keyExprs(f, e.Key, e.Numgen), e.Map)
+		return fmt.Sprintf("dnat %s to %s%s map @%s", f, keyExprs(f, e.Key, e.Numgen), numgenOffset(e.Offset), e.Map)
 	case DNAT:
 		return fmt.Sprintf("meta l4proto %s dnat to %s", protoName(e.Proto), netip.AddrPortFrom(e.Addr, e.Port))
 	case Masquerade:
@@ -445,4 +445,12 @@ func formatDuration(d time.Duration) string {
 		return "0s"
 	}
 	return b.String()
+}
+
+// numgenOffset renders a numgen's offset; none when 0, as nft lists it.
+func numgenOffset(off uint32) string {
+	if off == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" offset %d", off)
 }

@@ -296,7 +296,7 @@ func (t *tracer) run(w *walk) {
 			continue
 		}
 		r := top.chain.Rules[top.next]
-		if n := ruleNumgen(r); n > 0 && !w.slotChosen {
+		if n := ruleNumgen(r); n > 0 && !w.slotChosen && t.matchesBeforeNumgen(w, r) {
 			// The rule looks a random slot up: each value is a branch that
 			// evaluates the rule with it.
 			text := top.chain.Name + ": " + RenderRule(t.rs.Family, r)
@@ -532,7 +532,7 @@ func (t *tracer) eval(w *walk, r Rule) action {
 		case DNATMap:
 			want := w.fields(e.Key)
 			if e.Numgen > 0 {
-				want = append(want, N(w.slot))
+				want = append(want, N(w.slot+e.Offset))
 			}
 			el, ok := t.lookupValues(e.Map, want)
 			if !ok {
@@ -625,6 +625,17 @@ func (w *walk) fields(fs []Field) []Value {
 		out[i] = w.field(f)
 	}
 	return out
+}
+
+// matchesBeforeNumgen tells whether the expressions before a rule's
+// numgen lookup match the packet: a rule that can't match draws no
+// number, and its slots would be branches that all end alike.
+func (t *tracer) matchesBeforeNumgen(w *walk, r Rule) bool {
+	i := slices.IndexFunc(r.Exprs, func(e Expr) bool { d, ok := e.(DNATMap); return ok && d.Numgen > 0 })
+	if i <= 0 {
+		return true
+	}
+	return t.eval(w.clone(), Rule{Exprs: r.Exprs[:i]}).kind != actNoMatch
 }
 
 // ruleNumgen is the modulus of the numgen a rule's map lookup draws, 0 for

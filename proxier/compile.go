@@ -122,12 +122,21 @@ type slotRun struct {
 	set *m.Set
 	key []m.Value
 	eps []k8s.Endpoint // in slot order
+	// offset is the first slot's number: 0, or localSlotOffset for the
+	// local endpoints of an eTP=Local service port's external key.
+	offset uint32
 }
+
+// localSlotOffset is where the slots of an eTP=Local service port's local
+// endpoints start, under the same key as its cluster-wide slots: far enough
+// that the cluster-wide ones never reach it, so neither list moves when the
+// other changes length.
+const localSlotOffset = 65536
 
 // element is slot i's element; keys and data are taken from the fronts of
 // the buffers given, which must have room.
 func (r slotRun) element(i int, keys, data []m.Value) m.Element {
-	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(uint32(i)))
+	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(r.offset+uint32(i)))
 	d := append(data[:0:2], m.A(r.eps[i].Addr), m.N(uint32(r.eps[i].Port)))
 	return m.Element{Key: k, Data: d}
 }
@@ -154,8 +163,9 @@ type keyedElement struct {
 // sharedObj names a chain service ports share: the dispatch chain of one
 // endpoint count for one kind of traffic.
 type sharedObj struct {
-	kind sharedKind
-	n    int // endpoint count
+	kind  sharedKind
+	n     int // endpoint count
+	local int // local endpoint count, for the eTP=Local kinds
 }
 
 // sharedKind orders the shared objects as the ruleset lists them.
@@ -165,10 +175,12 @@ const (
 	clusterDispatch sharedKind = iota
 	externalDispatch
 	nodePortDispatch
+	externalLocalDispatch // eTP=Local: external traffic from outside to local endpoints
+	nodePortLocalDispatch
 )
 
 func compareShared(a, b sharedObj) int {
-	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.n, b.n))
+	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.n, b.n), cmp.Compare(a.local, b.local))
 }
 
 // compiler holds what every piece of one family's ruleset depends on
@@ -292,9 +304,9 @@ type pieceBuilder struct {
 	choice  endpointChoice
 	proto   m.Value
 	comment string
-	// own are the service port's own chains, for affinity and eTP=Local
-	// (nil when it has none): everything else shares the dispatch chains
-	// and the endpoint maps.
+	// own are the service port's own chains, for affinity (nil when it
+	// has none): everything else shares the dispatch chains and the
+	// endpoint maps.
 	own *serviceChains
 }
 
@@ -312,7 +324,7 @@ func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
 	b.p.elements = make([]keyedElement, 0, keys)
 	b.p.uses = make([]sharedObj, 0, keys)
 	b.p.hairpin = hairpinAddrs(b.choice)
-	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
+	if sp.AffinityTimeout > 0 {
 		b.own = c.serviceChains(b.p, sp, b.choice)
 	}
 	return b
@@ -341,7 +353,7 @@ func (b *pieceBuilder) clusterIP(ip netip.Addr) {
 // behind the load balancer's source ranges when it has some.
 func (b *pieceBuilder) externalIP(ip netip.Addr) {
 	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
-	b.external(key, b.c.serviceIPs, b.c.noEndpointIPs, externalDispatch, b.c.endpoints)
+	b.external(key, b.c.serviceIPs, b.c.noEndpointIPs, externalDispatch, externalLocalDispatch, b.c.endpoints)
 	// Like kube-proxy, only ranges of the compiled family filter: a
 	// family without any leaves its load balancer addresses open.
 	if slices.ContainsFunc(b.sp.LoadBalancerSourceRanges, b.c.cfg.inFamily) && slices.Contains(b.sp.LoadBalancerIPs, ip) {
@@ -352,19 +364,37 @@ func (b *pieceBuilder) externalIP(ip netip.Addr) {
 // nodePort dispatches traffic to the node port.
 func (b *pieceBuilder) nodePort() {
 	key := []m.Value{b.proto, m.N(uint32(b.sp.NodePort))}
-	b.external(key, b.c.serviceNodePorts, b.c.noEndpointNodePorts, nodePortDispatch, b.c.nodePortEndpoints)
+	b.external(key, b.c.serviceNodePorts, b.c.noEndpointNodePorts, nodePortDispatch, nodePortLocalDispatch, b.c.nodePortEndpoints)
 }
 
-// external dispatches external traffic: eTP=Local keeps it on this node
-// (own chains); otherwise it shares the chains that masquerade everything.
-func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind sharedKind, targets *m.Set) {
+// external dispatches external traffic: eTP=Local keeps traffic from
+// outside on this node; otherwise it shares the chains that masquerade
+// everything.
+func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind, localKind sharedKind, targets *m.Set) {
 	switch {
 	case len(b.choice.cluster) == 0:
 		b.noEndpoints(noEndpointSet, key, false)
 	case b.own != nil:
 		b.dispatch(dispatchSet, key, b.own.external)
+	case b.sp.ExternalPolicyLocal:
+		b.sharedLocal(dispatchSet, key, localKind, targets)
 	default:
 		b.shared(dispatchSet, key, kind, targets, false, b.choice.cluster)
+	}
+}
+
+// sharedLocal dispatches eTP=Local traffic through the chain for its
+// cluster-wide and local endpoint counts; the local endpoints take the
+// slots from localSlotOffset under the same key.
+func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set) {
+	cluster := b.c.slotsOf(b.p, slotsKey{b.sp.Name, false}, b.choice.cluster)
+	local := b.c.slotsOf(b.p, slotsKey{b.sp.Name, true}, b.choice.local)
+	obj := sharedObj{kind: kind, n: len(cluster), local: len(local)}
+	b.dispatch(set, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
+	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: cluster})
+	if len(local) > 0 {
+		b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: local, offset: localSlotOffset})
 	}
 }
 
@@ -386,7 +416,7 @@ func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
 // puts endpoint i into slot i of the map targets.
 func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
 	eps = b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
-	obj := sharedObj{kind, len(eps)}
+	obj := sharedObj{kind: kind, n: len(eps)}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
 	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: eps})
@@ -694,6 +724,10 @@ func (c *compiler) sharedChainName(o sharedObj) string {
 		return clusterIPChain(o.n)
 	case externalDispatch:
 		return externalChain(o.n)
+	case externalLocalDispatch:
+		return externalLocalChain(o.n, o.local)
+	case nodePortLocalDispatch:
+		return nodePortLocalChain(o.n, o.local)
 	}
 	return nodePortChain(o.n)
 }
@@ -714,8 +748,32 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}}}
 	case nodePortDispatch:
 		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: mapNodePortEndpoints}}}}
+	case externalLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, vipKey, mapEndpoints)
+	case nodePortLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, nodePortKey, mapNodePortEndpoints)
 	}
 	return ch
+}
+
+// localPolicyRules are the rules of an eTP=Local dispatch chain: pods and
+// the node itself still reach every endpoint (the node's own traffic
+// masqueraded, as its source can't be kept); traffic from elsewhere only
+// local endpoints, with its source kept, and none is dropped.
+func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, endpoints string) []m.Rule {
+	cluster := m.DNATMap{Key: key, Numgen: uint32(o.n), Map: endpoints}
+	var rules []m.Rule
+	if match, ok := c.localTraffic(false); ok {
+		rules = append(rules, m.Rule{Exprs: append(match, cluster), Comment: "pod traffic stays cluster-wide"})
+	}
+	rules = append(rules,
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, cluster}, Comment: "node traffic stays cluster-wide"})
+	if o.local == 0 {
+		return append(rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: "no local endpoints"})
+	}
+	local := m.DNATMap{Key: key, Numgen: uint32(o.local), Offset: localSlotOffset, Map: endpoints}
+	return append(rules, m.Rule{Exprs: []m.Expr{local}})
 }
 
 // masqueradeMark is the mark bit that asks for masquerade.

@@ -323,7 +323,10 @@ func symmetricDifference(a, b []netip.Addr) (onlyA, onlyB []netip.Addr) {
 // runs of the same key compare slot by slot, so an endpoint replaced in a
 // wide service costs its slot, not a compiled element per endpoint.
 func (d *delta) replaceRuns(old, new []slotRun) {
-	runKey := func(r slotRun) elementKey { return keyOf(keyedElement{r.set, m.Element{Key: r.key}}) }
+	// A key's runs differ by their offset, which the key's last part holds.
+	runKey := func(r slotRun) elementKey {
+		return keyOf(keyedElement{r.set, m.Element{Key: append(slices.Clip(r.key), m.N(r.offset))}})
+	}
 	oldAt := make(map[elementKey]int, len(old))
 	for i, o := range old {
 		oldAt[runKey(o)] = i

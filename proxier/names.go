@@ -48,3 +48,10 @@ const (
 func clusterIPChain(n int) string { return fmt.Sprintf("cluster-ip-%d", n) }
 func externalChain(n int) string  { return fmt.Sprintf("external-%d", n) }
 func nodePortChain(n int) string  { return fmt.Sprintf("node-port-%d", n) }
+
+// Service ports with externalTrafficPolicy Local share one chain per kind of
+// traffic, endpoint count n and local endpoint count local.
+func externalLocalChain(n, local int) string {
+	return fmt.Sprintf("external-local-%d-%d", n, local)
+}
+func nodePortLocalChain(n, local int) string { return fmt.Sprintf("node-port-local-%d-%d", n, local) }
