@@ -91,6 +91,14 @@ const (
 	FieldDaddr                // ip daddr / ip6 daddr
 	FieldL4Proto              // meta l4proto
 	FieldTHDport              // th dport
+	// The connection's addresses and ports as conntrack holds them, after
+	// DNAT: the original destination (the service) and the reply's source
+	// (the endpoint). nft types the ports only after a layer 4 protocol
+	// match in the same rule.
+	FieldCtOriginalDaddr    // ct original ip daddr
+	FieldCtOriginalProtoDst // ct original proto-dst
+	FieldCtReplySaddr       // ct reply ip saddr
+	FieldCtReplyProtoSrc    // ct reply proto-src
 )
 
 // Expr is one expression of a rule. The set of expressions is closed: only the
@@ -163,6 +171,17 @@ type UpdateSet struct {
 	Set string
 }
 
+// UpdateMap adds the concatenation of Key, mapped to the concatenation of
+// Data, to a dynamic map with timeouts, with the given Timeout; an element
+// with that key already there keeps its value and has its timeout renewed
+// (session affinity remembers a client's endpoint so).
+type UpdateMap struct {
+	Key     []Field
+	Data    []Field
+	Map     string
+	Timeout time.Duration
+}
+
 // MarkOr sets bits in the packet mark.
 type MarkOr struct{ Bits uint32 }
 
@@ -220,6 +239,7 @@ func (MatchMark) isExpr()               {}
 func (MatchFibDaddrLocal) isExpr()      {}
 func (MatchFibSaddrLocal) isExpr()      {}
 func (UpdateSet) isExpr()               {}
+func (UpdateMap) isExpr()               {}
 func (MatchCtStateInvalid) isExpr()     {}
 func (MatchCtStatusDNAT) isExpr()       {}
 func (MatchCtStateEstablished) isExpr() {}

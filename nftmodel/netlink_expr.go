@@ -77,6 +77,8 @@ func loadField(f Family, fl Field, offset uint32) (expr.Any, uint32) {
 			Offset: addrOffset(f, fl), Len: addrLen(f)}, addrLen(f)
 	case FieldL4Proto:
 		return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(offset)}, 1
+	case FieldCtOriginalDaddr, FieldCtOriginalProtoDst, FieldCtReplySaddr, FieldCtReplyProtoSrc:
+		return loadCtField(f, fl, offset)
 	default: // FieldTHDport
 		return &expr.Payload{DestRegister: reg(offset), Base: expr.PayloadBaseTransportHeader,
 			Offset: 2, Len: 2}, 2
@@ -236,6 +238,8 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 		case UpdateSet:
 			out = append(out, loadKey(f, e.Key)...)
 			out = append(out, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE})
+		case UpdateMap:
+			out = append(out, updateMapExprs(f, e)...)
 		case MatchCtStateInvalid:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
 			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)
@@ -349,4 +353,45 @@ func nfproto(f Family) uint32 {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4
+}
+
+// ctDirReply is conntrack's reply direction (IP_CT_DIR_REPLY); original is 0.
+const ctDirReply = 1
+
+// loadCtField loads a conntrack address or port, as nft does for
+// `ct original ip daddr`, `ct reply proto-src` and the like.
+func loadCtField(f Family, fl Field, offset uint32) (expr.Any, uint32) {
+	ct := &expr.Ct{Register: reg(offset)}
+	n := addrLen(f)
+	switch fl {
+	case FieldCtOriginalDaddr:
+		ct.Key = expr.CtKeyDSTIP
+		if f == IPv6 {
+			ct.Key = expr.CtKeyDSTIP6
+		}
+	case FieldCtReplySaddr:
+		ct.Key, ct.Direction = expr.CtKeySRCIP, ctDirReply
+		if f == IPv6 {
+			ct.Key = expr.CtKeySRCIP6
+		}
+	case FieldCtOriginalProtoDst:
+		ct.Key, n = expr.CtKeyPROTODST, 2
+	default: // FieldCtReplyProtoSrc
+		ct.Key, ct.Direction, n = expr.CtKeyPROTOSRC, ctDirReply, 2
+	}
+	return ct, n
+}
+
+// updateMapExprs is an UpdateMap's program: the key into the registers
+// from 1, the value right after it, then the dynset.
+func updateMapExprs(f Family, e UpdateMap) []expr.Any {
+	out := loadKey(f, e.Key)
+	data := keyWords(f, e.Key)
+	for _, fl := range e.Data {
+		x, n := loadField(f, fl, data)
+		out = append(out, x)
+		data += (n + 3) / 4
+	}
+	return append(out, &expr.Dynset{SrcRegKey: 1, SrcRegData: reg(keyWords(f, e.Key)), SetName: e.Map,
+		Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: e.Timeout})
 }

@@ -15,7 +15,29 @@ var (
 	vip6Type = []DataType{TypeIPv6Addr, TypeInetProto, TypeInetService}
 	svcKey   = []Field{FieldDaddr, FieldL4Proto, FieldTHDport}
 	slotType = []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeInteger}
+	// The shared affinity map's key and value, and the rules that fill it.
+	clientKey   = []Field{FieldSaddr, FieldDaddr, FieldL4Proto, FieldTHDport}
+	connKey     = []Field{FieldSaddr, FieldCtOriginalDaddr, FieldL4Proto, FieldCtOriginalProtoDst}
+	connTarget  = []Field{FieldCtReplySaddr, FieldCtReplyProtoSrc}
+	targetField = []Field{FieldDaddr, FieldTHDport}
 )
+
+// clientAffinity is a shared affinity map of the family's addresses.
+func clientAffinity(addr DataType) *Set {
+	return &Set{Name: "client-affinity", Key: []DataType{addr, addr, TypeInetProto, TypeInetService},
+		Data: []DataType{addr, TypeInetService}, Timeout: 3 * time.Hour,
+		Typeof: &Typeof{Key: clientKey, Data: targetField}}
+}
+
+// affinityChain remembers connections in client-affinity and looks them up.
+func affinityChain() *Chain {
+	return &Chain{Name: "affinity-update", Rules: []Rule{
+		nlRule(MatchL4Proto{Proto: 6}, UpdateMap{Key: connKey, Data: connTarget, Map: "client-affinity", Timeout: 3 * time.Hour}),
+		nlRule(MatchL4Proto{Proto: 132}, UpdateMap{Key: connKey, Data: connTarget, Map: "client-affinity", Timeout: 90 * time.Second}),
+		nlRule(MatchL4Proto{Proto: 17}, VerdictMap{Key: []Field{FieldCtOriginalDaddr, FieldL4Proto, FieldCtOriginalProtoDst}, Map: "service-ips"}),
+		nlRule(DNATMap{Key: clientKey, Map: "client-affinity"}),
+	}}
+}
 
 func slotKey(a string, p, port, slot uint32) []Value {
 	return []Value{A(ip(a)), N(p), N(port), N(slot)}
@@ -89,6 +111,7 @@ func fullRuleset() *Ruleset {
 			{Name: "pairs", Key: []DataType{TypeIPv4Addr, TypeIPv4Addr}, Typeof: &Typeof{Key: []Field{FieldSaddr, FieldDaddr}}, Elements: []Element{
 				{Key: []Value{A(ip("10.244.1.2")), A(ip("10.244.1.2"))}},
 			}},
+			clientAffinity(TypeIPv4Addr),
 		},
 		Chains: []*Chain{
 			nlBase("nat-prerouting", TypeNAT, HookPrerouting, -100, nlRule(nlJump("services"))),
@@ -159,6 +182,7 @@ func fullRuleset() *Ruleset {
 				nlRule(MatchL4Proto{Proto: 17}, Reject{}),
 				nlRule(Reject{}),
 			}},
+			affinityChain(),
 			{Name: "empty"},
 		},
 	}
@@ -188,6 +212,7 @@ func full6Ruleset() *Ruleset {
 					{Key: []Value{A(ip("fd00:96::10")), N(6), N(80), N(1)}, Data: []Value{A(ip("fd00:244::3")), N(8080)}, Comment: "default/web:http"},
 				}},
 			{Name: "pairs", Key: []DataType{TypeIPv6Addr, TypeIPv6Addr}, Typeof: &Typeof{Key: []Field{FieldSaddr, FieldDaddr}}},
+			clientAffinity(TypeIPv6Addr),
 		},
 		Chains: []*Chain{
 			nlBase("nat-prerouting", TypeNAT, HookPrerouting, -100, nlRule(VerdictMap{Key: svcKey, Map: "service-ips"})),
@@ -216,6 +241,9 @@ func full6Ruleset() *Ruleset {
 			}},
 			{Name: "ep-web-2", Rules: []Rule{nlRule(DNATMap{Key: svcKey, Map: "endpoints"})}},
 			{Name: "svc-slots", Rules: []Rule{nlRule(DNATMap{Key: svcKey, Numgen: 2, Map: "slots"})}},
+			// No UpdateMap: nft 1.0.6 can't load an IPv6 key and value that
+			// long (TestUpdateMapIPv6ListsAsRendered).
+			{Name: "affinity-lookup", Rules: []Rule{nlRule(DNATMap{Key: clientKey, Map: "client-affinity"})}},
 		},
 	}
 }

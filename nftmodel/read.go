@@ -477,6 +477,11 @@ func (d *ruleDecoder) keyLoads() ([]Field, int) {
 				return fields, n
 			}
 			fl = FieldL4Proto
+		case *expr.Ct:
+			var ok bool
+			if fl, ok = ctField(e); !ok || e.SourceRegister || e.Register != reg(offset) {
+				return fields, n
+			}
 		default:
 			return fields, n
 		}
@@ -508,6 +513,9 @@ func (d *ruleDecoder) keyed(key []Field, n int) (Expr, int, bool) {
 			return DNATMap{Key: key, Numgen: e.Modulus, Offset: e.Offset, Map: l.SetName}, n + 3, true
 		}
 	case *expr.Dynset:
+		if e.SrcRegData != 0 {
+			return d.updateMap(key, e, n)
+		}
 		return UpdateSet{Key: key, Set: e.SetName}, n + 1, true
 	}
 	return nil, 0, false
@@ -649,4 +657,33 @@ func numgenChains(els []nftables.SetElement, n uint32, order binary.ByteOrder) (
 		chains[i] = v.Chain
 	}
 	return chains, !slices.Contains(chains, "")
+}
+
+// ctField is the field a conntrack load reads, if it is one of the model's.
+func ctField(e *expr.Ct) (Field, bool) {
+	switch {
+	case (e.Key == expr.CtKeyDSTIP || e.Key == expr.CtKeyDSTIP6) && e.Direction == 0:
+		return FieldCtOriginalDaddr, true
+	case e.Key == expr.CtKeyPROTODST && e.Direction == 0:
+		return FieldCtOriginalProtoDst, true
+	case (e.Key == expr.CtKeySRCIP || e.Key == expr.CtKeySRCIP6) && e.Direction == ctDirReply:
+		return FieldCtReplySaddr, true
+	case e.Key == expr.CtKeyPROTOSRC && e.Direction == ctDirReply:
+		return FieldCtReplyProtoSrc, true
+	}
+	return 0, false
+}
+
+// updateMap decodes an UpdateMap: of the fields loaded, those from the
+// dynset's data register on are the value.
+func (d *ruleDecoder) updateMap(fields []Field, e *expr.Dynset, n int) (Expr, int, bool) {
+	var words uint32
+	for i, fl := range fields {
+		if reg(words) == e.SrcRegData {
+			return UpdateMap{Key: fields[:i], Data: fields[i:], Map: e.SetName, Timeout: e.Timeout}, n + 1, true
+		}
+		_, size := loadField(d.f, fl, words)
+		words += (size + 3) / 4
+	}
+	return nil, 0, false
 }

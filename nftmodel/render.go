@@ -309,6 +309,8 @@ func renderExpr(f Family, e Expr) string {
 		return "fib saddr type local"
 	case UpdateSet:
 		return fmt.Sprintf("update @%s { %s }", e.Set, fieldsName(f, e.Key))
+	case UpdateMap:
+		return renderUpdateMap(f, e)
 	case MatchCtStateInvalid:
 		return "ct state invalid"
 	case MatchCtStatusDNAT:
@@ -384,6 +386,14 @@ func fieldName(f Family, fl Field) string {
 		return f.String() + " daddr"
 	case FieldL4Proto:
 		return "meta l4proto"
+	case FieldCtOriginalDaddr:
+		return "ct original " + f.String() + " daddr"
+	case FieldCtOriginalProtoDst:
+		return "ct original proto-dst"
+	case FieldCtReplySaddr:
+		return "ct reply " + f.String() + " saddr"
+	case FieldCtReplyProtoSrc:
+		return "ct reply proto-src"
 	default:
 		return "th dport"
 	}
@@ -453,4 +463,9 @@ func numgenOffset(off uint32) string {
 		return ""
 	}
 	return fmt.Sprintf(" offset %d", off)
+}
+
+// renderUpdateMap renders an UpdateMap as nft lists it.
+func renderUpdateMap(f Family, e UpdateMap) string {
+	return fmt.Sprintf("update @%s { %s timeout %s : %s }", e.Map, fieldsName(f, e.Key), formatDuration(e.Timeout), fieldsName(f, e.Data))
 }

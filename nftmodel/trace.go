@@ -164,6 +164,7 @@ type walk struct {
 	sport, dport uint16
 	mark         uint32
 	dnat         netip.AddrPort // valid once DNATed
+	orig         netip.AddrPort // the destination before DNAT, once DNATed
 	masq         bool
 	choices      []int
 	slot         uint32 // the numgen value of the rule about to run
@@ -492,6 +493,8 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			}
 		case UpdateSet:
 			// Affinity state is not modelled: a new client is in no set.
+		case UpdateMap:
+			notes = append(notes, traceUpdateMap(e))
 		case MatchCtStateInvalid:
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}
@@ -592,6 +595,9 @@ func verdictAction(v Verdict, fromMap bool) action {
 }
 
 func (w *walk) doDNAT(addr netip.Addr, port uint16) action {
+	if !w.dnat.IsValid() {
+		w.orig = netip.AddrPortFrom(w.dst, w.dport)
+	}
 	w.dst, w.dport = addr.Unmap(), port
 	w.dnat = netip.AddrPortFrom(w.dst, w.dport)
 	return action{kind: actAccept, note: "dnat to " + w.dnat.String()}
@@ -608,6 +614,8 @@ func (w *walk) field(f Field) Value {
 		return N(uint32(w.proto))
 	case FieldTHDport:
 		return N(uint32(w.dport))
+	case FieldCtOriginalDaddr, FieldCtOriginalProtoDst, FieldCtReplySaddr, FieldCtReplyProtoSrc:
+		return w.ctField(f)
 	}
 	panic(fmt.Sprintf("nftmodel: trace: unknown field %d", f))
 }
@@ -662,3 +670,26 @@ func (t *tracer) lookupValues(name string, want []Value) (Element, bool) {
 	}
 	return Element{}, false
 }
+
+// ctField is a conntrack field's value for the packet's connection: the
+// original destination is the one before DNAT, the reply's source the
+// destination now.
+func (w *walk) ctField(f Field) Value {
+	orig := netip.AddrPortFrom(w.dst, w.dport)
+	if w.dnat.IsValid() {
+		orig = w.orig
+	}
+	switch f {
+	case FieldCtOriginalDaddr:
+		return A(orig.Addr())
+	case FieldCtOriginalProtoDst:
+		return N(uint32(orig.Port()))
+	case FieldCtReplySaddr:
+		return A(w.dst)
+	}
+	return N(uint32(w.dport)) // FieldCtReplyProtoSrc
+}
+
+// traceUpdateMap notes an UpdateMap: the tracer keeps no affinity state, so
+// the next packet is as new as this one.
+func traceUpdateMap(e UpdateMap) string { return "remembered in @" + e.Map }
