@@ -2,9 +2,12 @@ package proxier
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -73,6 +76,10 @@ var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
 
 var (
 	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	clientKey   = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
+	// A connection's client key and endpoint after DNAT, from conntrack.
+	connKey    = []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}
+	connTarget = []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}
 	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
 	targetKey   = []m.Field{m.FieldDaddr, m.FieldTHDport} // what a DNAT target is
 )
@@ -81,6 +88,15 @@ var (
 // name: there it only gives the slot its type (a 32-bit integer), so it
 // reads as "any slot".
 const typeofSlotModulus = 65536
+
+// affinityMapTimeout is the affinity map's declared timeout, kube-proxy's
+// default affinity; elements carry their service's.
+const affinityMapTimeout = 3 * time.Hour
+
+// affinityProtocols are the protocols whose connections affinity
+// remembers: nft types `ct original proto-dst` only after a protocol match,
+// so each has its rule.
+var affinityProtocols = []uint8{6, 17, 132}
 
 // Compile builds the ruleset of one family from a snapshot. It is pure and
 // deterministic: the same input gives the same ruleset, sorted, every
@@ -111,8 +127,9 @@ type piece struct {
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
 	slotOrders []slotOrder // the order of each endpoint list in the slots
-	sets       []*m.Set    // its own (affinity sets)
-	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
+	sets       []*m.Set    // its own (none at present)
+	chains     []*m.Chain  // its own (firewall)
+	affinity   bool        // it fills the affinity map
 }
 
 // slotRun stands for the elements of one service port key in an endpoint
@@ -163,9 +180,10 @@ type keyedElement struct {
 // sharedObj names a chain service ports share: the dispatch chain of one
 // endpoint count for one kind of traffic.
 type sharedObj struct {
-	kind  sharedKind
-	n     int // endpoint count
-	local int // local endpoint count, for the eTP=Local kinds
+	kind     sharedKind
+	n        int  // endpoint count; the timeout in seconds for affinityUpdate
+	local    int  // local endpoint count, for the eTP=Local kinds
+	affinity bool // a client's remembered endpoint first (session affinity)
 }
 
 // sharedKind orders the shared objects as the ruleset lists them.
@@ -177,10 +195,21 @@ const (
 	nodePortDispatch
 	externalLocalDispatch // eTP=Local: external traffic from outside to local endpoints
 	nodePortLocalDispatch
+	affinityUpdate // remembers a new connection's endpoint for n seconds
 )
 
 func compareShared(a, b sharedObj) int {
-	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.n, b.n), cmp.Compare(a.local, b.local))
+	return cmp.Or(cmp.Compare(a.kind, b.kind), compareBool(a.affinity, b.affinity), cmp.Compare(a.n, b.n), cmp.Compare(a.local, b.local))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
 }
 
 // compiler holds what every piece of one family's ruleset depends on
@@ -200,6 +229,8 @@ type compiler struct {
 	noEndpointIPs, noEndpointNodePorts *m.Set
 	hairpin, firewallIPs, clusterIPs   *m.Set
 	endpoints, nodePortEndpoints       *m.Set
+	affinity                           *m.Set
+	affinityServices, affinityNodePorts *m.Set
 	// slots is the assignment the pieces' slot orders follow.
 	slots Slots
 
@@ -247,6 +278,12 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 		Typeof: &m.Typeof{Key: vipKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
 	c.nodePortEndpoints = &m.Set{Name: mapNodePortEndpoints, Key: append(slices.Clone(c.npT), m.TypeInteger), Data: c.targetT,
 		Typeof: &m.Typeof{Key: nodePortKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
+	// The map's own timeout is only its declaration's: every element gets
+	// its service's from the rule that adds it.
+	c.affinity = &m.Set{Name: mapAffinity, Key: []m.DataType{addrT, addrT, m.TypeInetProto, m.TypeInetService}, Data: c.targetT,
+		Typeof: &m.Typeof{Key: clientKey, Data: targetKey}, Timeout: affinityMapTimeout}
+	c.affinityServices = &m.Set{Name: mapAffinityServices, Key: c.vipT, Data: verdict}
+	c.affinityNodePorts = &m.Set{Name: mapAffinityNodePorts, Key: c.npT, Data: verdict}
 	return c
 }
 
@@ -266,7 +303,8 @@ func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
 // order the ruleset lists them.
 func (c *compiler) fixedSets() []*m.Set {
 	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
-		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints}
+		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints,
+		c.affinity, c.affinityServices, c.affinityNodePorts}
 }
 
 // piece compiles one service port: its ClusterIPs, its external
@@ -304,10 +342,6 @@ type pieceBuilder struct {
 	choice  endpointChoice
 	proto   m.Value
 	comment string
-	// own are the service port's own chains, for affinity (nil when it
-	// has none): everything else shares the dispatch chains and the
-	// endpoint maps.
-	own *serviceChains
 }
 
 func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
@@ -324,9 +358,6 @@ func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
 	b.p.elements = make([]keyedElement, 0, keys)
 	b.p.uses = make([]sharedObj, 0, keys)
 	b.p.hairpin = hairpinAddrs(b.choice)
-	if sp.AffinityTimeout > 0 {
-		b.own = c.serviceChains(b.p, sp, b.choice)
-	}
 	return b
 }
 
@@ -342,8 +373,6 @@ func (b *pieceBuilder) clusterIP(ip netip.Addr) {
 		// iTP=Local without local endpoints drops, like kube-proxy;
 		// no endpoints at all rejects.
 		b.noEndpoints(b.c.noEndpointIPs, key, b.sp.InternalPolicyLocal && len(b.choice.cluster) > 0)
-	case b.sp.AffinityTimeout > 0:
-		b.dispatch(b.c.serviceIPs, key, b.own.internal)
 	default:
 		b.shared(b.c.serviceIPs, key, clusterDispatch, b.c.endpoints, b.sp.InternalPolicyLocal, internal)
 	}
@@ -374,8 +403,6 @@ func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set
 	switch {
 	case len(b.choice.cluster) == 0:
 		b.noEndpoints(noEndpointSet, key, false)
-	case b.own != nil:
-		b.dispatch(dispatchSet, key, b.own.external)
 	case b.sp.ExternalPolicyLocal:
 		b.sharedLocal(dispatchSet, key, localKind, targets)
 	default:
@@ -389,9 +416,10 @@ func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set
 func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set) {
 	cluster := b.c.slotsOf(b.p, slotsKey{b.sp.Name, false}, b.choice.cluster)
 	local := b.c.slotsOf(b.p, slotsKey{b.sp.Name, true}, b.choice.local)
-	obj := sharedObj{kind: kind, n: len(cluster), local: len(local)}
+	obj := sharedObj{kind: kind, n: len(cluster), local: len(local), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
+	b.remember(set, key)
 	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: cluster})
 	if len(local) > 0 {
 		b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: local, offset: localSlotOffset})
@@ -416,10 +444,27 @@ func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
 // puts endpoint i into slot i of the map targets.
 func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
 	eps = b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
-	obj := sharedObj{kind: kind, n: len(eps)}
+	obj := sharedObj{kind: kind, n: len(eps), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
 	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: eps})
+	b.remember(set, key)
+}
+
+// remember makes the connections to key (of the dispatch map set) fill
+// the affinity map, with the service port's timeout, when it has affinity.
+func (b *pieceBuilder) remember(set *m.Set, key []m.Value) {
+	if b.sp.AffinityTimeout <= 0 {
+		return
+	}
+	b.p.affinity = true
+	entries := b.c.affinityServices
+	if set == b.c.serviceNodePorts {
+		entries = b.c.affinityNodePorts
+	}
+	obj := sharedObj{kind: affinityUpdate, n: int(b.sp.AffinityTimeout / time.Second)}
+	b.dispatch(entries, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
 }
 
 // hairpinAddrs lists the addresses of the endpoints a service port may
@@ -568,8 +613,12 @@ func (c *compiler) baseChains() []*m.Chain {
 		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
 	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
+	// Session affinity remembers where a new connection went, once DNAT
+	// has chosen (in output for the node's own connections).
+	remember := m.Rule{Exprs: []m.Expr{m.MatchCtStateEstablished{Negate: true}, m.MatchCtStatusDNAT{},
+		m.Verdict{Kind: m.Jump, Chain: chainAffinityCheck}}}
 	var input []m.Rule
-	output := []m.Rule{jump(chainEndpointsCheck)}
+	output := []m.Rule{jump(chainEndpointsCheck), remember}
 	if guard, ok := c.localnetGuard(); ok {
 		input = append([]m.Rule{guard}, input...)
 		output = append([]m.Rule{guard}, output...)
@@ -587,7 +636,7 @@ func (c *compiler) baseChains() []*m.Chain {
 		// Refusals right after DNAT (-90) and before routing, so a service
 		// port without endpoints is refused even where no route leads to
 		// its address: only packets nothing rewrote still carry it.
-		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
+		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck), remember),
 		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, input...),
 		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, forward...),
 		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
@@ -710,6 +759,7 @@ func (c *compiler) fixedChains() []*m.Chain {
 			{Exprs: []m.Expr{m.Masquerade{FullyRandom: true}}},
 		}},
 		check,
+		c.affinityCheck(),
 		{Name: chainReject, Rules: []m.Rule{
 			{Exprs: []m.Expr{m.Reject{TCPReset: true}}},
 			{Exprs: []m.Expr{m.Reject{}}},
@@ -717,19 +767,50 @@ func (c *compiler) fixedChains() []*m.Chain {
 	}
 }
 
+// affinityCheck sends a new DNATed connection whose service entry has
+// affinity to the chain of its timeout: by the entry's address and port
+// before DNAT, or by its port alone for a NodePort. (A connection to
+// another service's address on a port some NodePort with affinity uses is
+// remembered too; no lookup ever asks for it.)
+func (c *compiler) affinityCheck() *m.Chain {
+	ch := &m.Chain{Name: chainAffinityCheck}
+	for _, proto := range affinityProtocols {
+		l4 := m.MatchL4Proto{Proto: proto}
+		ch.Rules = append(ch.Rules,
+			m.Rule{Exprs: []m.Expr{l4, m.VerdictMap{Key: []m.Field{m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}, Map: mapAffinityServices}}},
+			m.Rule{Exprs: []m.Expr{l4, m.VerdictMap{Key: []m.Field{m.FieldL4Proto, m.FieldCtOriginalProtoDst}, Map: mapAffinityNodePorts}}})
+	}
+	return ch
+}
+
 // sharedChainName is the name of a shared object's chain.
 func (c *compiler) sharedChainName(o sharedObj) string {
+	var name string
 	switch o.kind {
 	case clusterDispatch:
-		return clusterIPChain(o.n)
+		name = clusterIPChain(o.n)
 	case externalDispatch:
-		return externalChain(o.n)
+		name = externalChain(o.n)
+	case nodePortDispatch:
+		name = nodePortChain(o.n)
 	case externalLocalDispatch:
-		return externalLocalChain(o.n, o.local)
+		name = externalLocalChain(o.n, o.local)
 	case nodePortLocalDispatch:
-		return nodePortLocalChain(o.n, o.local)
+		name = nodePortLocalChain(o.n, o.local)
+	case affinityUpdate:
+		return affinityUpdateChain(o.n)
 	}
-	return nodePortChain(o.n)
+	return affinityName(name, o)
+}
+
+// affinityName is a dispatch chain's name with session affinity:
+// cluster-ip-affinity-N and so on.
+func affinityName(name string, o sharedObj) string {
+	if !o.affinity {
+		return name
+	}
+	kind, counts, _ := strings.Cut(name, fmt.Sprintf("-%d", o.n))
+	return fmt.Sprintf("%s-affinity-%d%s", kind, o.n, counts)
 }
 
 // sharedChain builds a dispatch chain: it marks for masquerade as its kind
@@ -752,8 +833,32 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 		ch.Rules = c.localPolicyRules(o, vipKey, mapEndpoints)
 	case nodePortLocalDispatch:
 		ch.Rules = c.localPolicyRules(o, nodePortKey, mapNodePortEndpoints)
+	case affinityUpdate:
+		for _, proto := range affinityProtocols {
+			ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchL4Proto{Proto: proto},
+				m.UpdateMap{Key: connKey, Data: connTarget, Map: mapAffinity, Timeout: time.Duration(o.n) * time.Second}}})
+		}
+	}
+	if o.affinity {
+		ch.Rules = withAffinityLookups(ch.Rules)
 	}
 	return ch
+}
+
+// withAffinityLookups puts before every random pick the same rule with the
+// client's remembered endpoint instead: a client the affinity map doesn't
+// hold makes that rule not match.
+func withAffinityLookups(rules []m.Rule) []m.Rule {
+	out := make([]m.Rule, 0, 2*len(rules))
+	for _, r := range rules {
+		last := len(r.Exprs) - 1
+		if d, ok := r.Exprs[last].(m.DNATMap); ok && d.Numgen > 0 {
+			lookup := m.Rule{Exprs: append(slices.Clone(r.Exprs[:last]), m.DNATMap{Key: clientKey, Map: mapAffinity})}
+			out = append(out, lookup)
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // localPolicyRules are the rules of an eTP=Local dispatch chain: pods and

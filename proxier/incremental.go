@@ -33,6 +33,17 @@ type incremental struct {
 	// endpoints, half the cost). Few ports are wide, so this costs little
 	// of the memory the state saves by keeping no pieces.
 	wide map[k8s.ServicePortName]compiledPiece
+	// prune is what the last update or full compile made stale in the
+	// affinity map; the proxier takes it once the kernel has the changes.
+	prune *affinityPrune
+}
+
+// takePrune returns the pending prune of the affinity map (nil: none) and
+// forgets it.
+func (s *incremental) takePrune() *affinityPrune {
+	pr := s.prune
+	s.prune = nil
+	return pr
 }
 
 // compiledPiece is a piece and the service port version it was compiled
@@ -75,6 +86,7 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 		s.keep(&snap.Services[i], p)
 	}
 	s.c.slots = s.slots
+	s.prune = liveAffinity(pieces)
 	return s, s.c.assemble(pieces)
 }
 
@@ -175,6 +187,7 @@ func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports [
 		if !d.replace(before, after) {
 			return m.Changes{}, false
 		}
+		s.prune = removedAffinity(s.prune, before, after)
 		if after == nil {
 			after = &piece{}
 		}

@@ -1,0 +1,115 @@
+package proxier
+
+import (
+	"net/netip"
+
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// The affinity map holds, per client and service entry, the endpoint the
+// packet path sent the client to. The ruleset can't tell a removed
+// endpoint from a live one there, so the proxier deletes the elements that
+// name one: after a sync that removed endpoints from a service port with
+// affinity, and after every full sync (which may follow a failure).
+
+// affinityEntry is a service entry of the affinity map's keys: an address,
+// protocol and port, or for a NodePort the protocol and port alone (any
+// local address).
+type affinityEntry struct {
+	addr        netip.Addr // invalid for a NodePort
+	proto, port uint32
+}
+
+// entryOf is the entry of a dispatch key: address . protocol . port, or
+// protocol . port.
+func entryOf(key []m.Value) affinityEntry {
+	if len(key) == 2 {
+		return affinityEntry{proto: key[0].Num, port: key[1].Num}
+	}
+	return affinityEntry{addr: key[0].Addr, proto: key[1].Num, port: key[2].Num}
+}
+
+// affinityPrune says which elements of the affinity map a sync made stale.
+type affinityPrune struct {
+	// full: an element stays only when its endpoint is in targets under its
+	// entry; otherwise an element goes when its endpoint is in targets
+	// (the removed ones) under its entry.
+	full    bool
+	targets map[affinityEntry]map[netip.AddrPort]bool
+}
+
+// note records the endpoints of runs under their entries.
+func (a *affinityPrune) note(runs []slotRun, skip func(affinityEntry, netip.AddrPort) bool) {
+	for _, r := range runs {
+		e := entryOf(r.key)
+		for _, ep := range r.eps {
+			if skip != nil && skip(e, addrPort(ep)) {
+				continue
+			}
+			if a.targets[e] == nil {
+				a.targets[e] = map[netip.AddrPort]bool{}
+			}
+			a.targets[e][addrPort(ep)] = true
+		}
+	}
+}
+
+// keep tells whether an element (client . address . protocol . port :
+// endpoint address . port) stays.
+func (a *affinityPrune) keep(el m.Element) bool {
+	if len(el.Key) != 4 || len(el.Data) != 2 {
+		return false
+	}
+	target := netip.AddrPortFrom(el.Data[0].Addr, uint16(el.Data[1].Num))
+	vip := affinityEntry{addr: el.Key[1].Addr, proto: el.Key[2].Num, port: el.Key[3].Num}
+	nodePort := affinityEntry{proto: el.Key[2].Num, port: el.Key[3].Num}
+	if !a.full {
+		return !a.targets[vip][target] && !a.targets[nodePort][target]
+	}
+	if live, ok := a.targets[vip]; ok {
+		return live[target]
+	}
+	return a.targets[nodePort][target]
+}
+
+// liveAffinity is the prune of a full sync: the endpoints every entry with
+// affinity may send to.
+func liveAffinity(pieces []*piece) *affinityPrune {
+	a := &affinityPrune{full: true, targets: map[affinityEntry]map[netip.AddrPort]bool{}}
+	for _, p := range pieces {
+		if p.affinity {
+			a.note(p.runs, nil)
+		}
+	}
+	return a
+}
+
+// removedAffinity adds to a the endpoints that the version after (nil:
+// none) of a service port no longer sends to under an entry where the
+// version before had affinity; a is created when needed.
+func removedAffinity(a *affinityPrune, before, after *piece) *affinityPrune {
+	if before == nil || !before.affinity {
+		return a
+	}
+	kept := &affinityPrune{targets: map[affinityEntry]map[netip.AddrPort]bool{}}
+	if after != nil && after.affinity {
+		kept.note(after.runs, nil)
+	}
+	gone := &affinityPrune{targets: map[affinityEntry]map[netip.AddrPort]bool{}}
+	gone.note(before.runs, func(e affinityEntry, ep netip.AddrPort) bool { return kept.targets[e][ep] })
+	if len(gone.targets) == 0 {
+		return a
+	}
+	if a == nil {
+		return gone
+	}
+	for e, eps := range gone.targets {
+		if a.targets[e] == nil {
+			a.targets[e] = map[netip.AddrPort]bool{}
+		}
+		for ep := range eps {
+			a.targets[e][ep] = true
+		}
+	}
+	return a
+}
