@@ -75,11 +75,11 @@ func (c Config) addrInFamily(a netip.Addr) bool {
 var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
 
 var (
-	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
-	clientKey   = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
+	vipKey    = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	clientKey = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
 	// A connection's client key and endpoint after DNAT, from conntrack.
-	connKey    = []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}
-	connTarget = []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}
+	connKey     = []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}
+	connTarget  = []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}
 	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
 	targetKey   = []m.Field{m.FieldDaddr, m.FieldTHDport} // what a DNAT target is
 )
@@ -225,11 +225,11 @@ type compiler struct {
 	npT          []m.DataType
 
 	// Declarations of the shared sets, without elements.
-	serviceIPs, serviceNodePorts       *m.Set
-	noEndpointIPs, noEndpointNodePorts *m.Set
-	hairpin, firewallIPs, clusterIPs   *m.Set
-	endpoints, nodePortEndpoints       *m.Set
-	affinity                           *m.Set
+	serviceIPs, serviceNodePorts        *m.Set
+	noEndpointIPs, noEndpointNodePorts  *m.Set
+	hairpin, firewallIPs, clusterIPs    *m.Set
+	endpoints, nodePortEndpoints        *m.Set
+	affinity                            *m.Set
 	affinityServices, affinityNodePorts *m.Set
 	// slots is the assignment the pieces' slot orders follow.
 	slots Slots
