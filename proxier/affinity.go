@@ -2,7 +2,9 @@ package proxier
 
 import (
 	"net/netip"
+	"slices"
 
+	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
@@ -86,28 +88,64 @@ func liveAffinity(pieces []*piece) *affinityPrune {
 
 // removedAffinity adds to a the endpoints that the version after (nil:
 // none) of a service port no longer sends to under an entry where the
-// version before had affinity; a is created when needed.
+// version before had affinity; a is created when needed. Slots are history,
+// so the runs of one key differ in a few slots: only those are compared
+// (an endpoint moved to another slot is in both lists of differences).
 func removedAffinity(a *affinityPrune, before, after *piece) *affinityPrune {
 	if before == nil || !before.affinity {
 		return a
 	}
-	kept := &affinityPrune{targets: map[affinityEntry]map[netip.AddrPort]bool{}}
-	if after != nil && after.affinity {
-		kept.note(after.runs, nil)
+	type runKey struct {
+		entry  affinityEntry
+		offset uint32
 	}
-	gone := &affinityPrune{targets: map[affinityEntry]map[netip.AddrPort]bool{}}
-	gone.note(before.runs, func(e affinityEntry, ep netip.AddrPort) bool { return kept.targets[e][ep] })
-	if len(gone.targets) == 0 {
-		return a
-	}
-	if a == nil {
-		return gone
-	}
-	for e, eps := range gone.targets {
-		if a.targets[e] == nil {
-			a.targets[e] = map[netip.AddrPort]bool{}
+	afterRuns := map[runKey][]k8s.Endpoint{}
+	// inAfter tells whether an endpoint that left a slot of entry e is in
+	// any slot of e after (a few are asked, each a walk).
+	inAfter := func(e affinityEntry, ep netip.AddrPort) bool {
+		for k, eps := range afterRuns {
+			if k.entry == e && slices.ContainsFunc(eps, func(x k8s.Endpoint) bool { return addrPort(x) == ep }) {
+				return true
+			}
 		}
-		for ep := range eps {
+		return false
+	}
+	if after != nil && after.affinity {
+		for _, r := range after.runs {
+			afterRuns[runKey{entryOf(r.key), r.offset}] = r.eps
+		}
+	}
+	// Per entry: what left a slot, and what took one.
+	out, in := map[affinityEntry][]netip.AddrPort{}, map[affinityEntry]map[netip.AddrPort]bool{}
+	for _, r := range before.runs {
+		e := entryOf(r.key)
+		next := afterRuns[runKey{e, r.offset}]
+		for i := range max(len(r.eps), len(next)) {
+			switch {
+			case i < len(r.eps) && i < len(next) && addrPort(r.eps[i]) == addrPort(next[i]):
+				continue
+			case i < len(r.eps):
+				out[e] = append(out[e], addrPort(r.eps[i]))
+			}
+			if i < len(next) {
+				if in[e] == nil {
+					in[e] = map[netip.AddrPort]bool{}
+				}
+				in[e][addrPort(next[i])] = true
+			}
+		}
+	}
+	for e, eps := range out {
+		for _, ep := range eps {
+			if in[e][ep] || inAfter(e, ep) {
+				continue
+			}
+			if a == nil {
+				a = &affinityPrune{targets: map[affinityEntry]map[netip.AddrPort]bool{}}
+			}
+			if a.targets[e] == nil {
+				a.targets[e] = map[netip.AddrPort]bool{}
+			}
 			a.targets[e][ep] = true
 		}
 	}
