@@ -127,7 +127,6 @@ type piece struct {
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
 	slotOrders []slotOrder // the order of each endpoint list in the slots
-	sets       []*m.Set    // its own (none at present)
 	chains     []*m.Chain  // its own (firewall)
 	affinity   bool        // it fills the affinity map
 }
@@ -545,7 +544,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	}
 	hairpin, clusterIPs := make(map[netip.Addr]bool, nHairpin), make(map[netip.Addr]bool, nClusterIPs)
 	used := map[sharedObj]bool{}
-	var ownSets []*m.Set
 	var ownChains []*m.Chain
 	for _, p := range pieces {
 		for _, ke := range p.elements {
@@ -563,7 +561,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, o := range p.uses {
 			used[o] = true
 		}
-		ownSets = append(ownSets, p.sets...)
 		ownChains = append(ownChains, p.chains...)
 	}
 	elements[c.hairpin] = make([]m.Element, 0, len(hairpin))
@@ -586,7 +583,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for _, s := range c.fixedSets() {
 		rs.Sets = append(rs.Sets, withElements(s))
 	}
-	rs.Sets = append(rs.Sets, ownSets...)
 	rs.Chains = append(c.baseChains(), c.fixedChains()...)
 	for _, o := range objs {
 		rs.Chains = append(rs.Chains, c.sharedChain(o))
