@@ -272,11 +272,14 @@ const (
 // Set is a named set (Data empty) or map (Data set). A verdict map has
 // Data == []DataType{TypeVerdict}.
 type Set struct {
-	Name     string
-	Key      []DataType
-	Data     []DataType
-	Typeof   *Typeof       // nil: declared by Key and Data (`type …`)
-	Timeout  time.Duration // default element timeout; 0 for none
+	Name    string
+	Key     []DataType
+	Data    []DataType
+	Typeof  *Typeof       // nil: declared by Key and Data (`type …`)
+	Timeout time.Duration // default element timeout; 0 for none
+	// Size bounds the elements of a set with a timeout, which the packet
+	// path fills; 0 is nft's default, 65535.
+	Size     uint32
 	Elements []Element
 }
 

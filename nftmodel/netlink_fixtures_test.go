@@ -25,7 +25,7 @@ var (
 // clientAffinity is a shared affinity map of the family's addresses.
 func clientAffinity(addr DataType) *Set {
 	return &Set{Name: "client-affinity", Key: []DataType{addr, addr, TypeInetProto, TypeInetService},
-		Data: []DataType{addr, TypeInetService}, Timeout: 3 * time.Hour,
+		Data: []DataType{addr, TypeInetService}, Timeout: 3 * time.Hour, Size: 1 << 20,
 		Typeof: &Typeof{Key: clientKey, Data: targetField}}
 }
 

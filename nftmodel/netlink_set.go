@@ -89,7 +89,7 @@ func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
 		ls.HasTimeout = true
 		ls.Timeout = s.Timeout
 		ls.Dynamic = true
-		ls.Size = timeoutSetSize
+		ls.Size = s.size()
 	}
 	return ls, nil
 }
@@ -245,4 +245,12 @@ func splitChunks[E any](els []E, size func(*E) int, maxCount, maxBytes int) [][]
 // elements of an anonymous set, which it splits by itself.
 func anonMessages(els []nftables.SetElement) int {
 	return len(chunks(els, len(els)+1, libElemBatchSize))
+}
+
+// size is the declared size of a set with a timeout.
+func (s *Set) size() uint32 {
+	if s.Size == 0 {
+		return timeoutSetSize
+	}
+	return s.Size
 }

@@ -114,6 +114,9 @@ func readSet(conn *Conn, f Family, ls *nftables.Set, ud []byte) (*Set, error) {
 	}
 	if ls.HasTimeout {
 		s.Timeout = ls.Timeout
+		if ls.Size != timeoutSetSize {
+			s.Size = ls.Size
+		}
 	}
 	want, err := libSet(ls.Table, s)
 	if err != nil {

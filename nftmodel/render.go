@@ -55,7 +55,7 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 	}
 	b.WriteString("\n")
 	if s.Timeout > 0 {
-		b.WriteString("\t\tsize 65535\n\t\tflags dynamic,timeout\n")
+		fmt.Fprintf(b, "\t\tsize %d\n\t\tflags dynamic,timeout\n", s.size())
 		fmt.Fprintf(b, "\t\ttimeout %s\n", formatDuration(s.Timeout))
 	}
 	if len(s.Elements) > 0 {

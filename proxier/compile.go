@@ -93,6 +93,14 @@ const typeofSlotModulus = 65536
 // default affinity; elements carry their service's.
 const affinityMapTimeout = 3 * time.Hour
 
+// affinityMapSize bounds the clients the affinity map remembers on a node,
+// for every service: 16 times what each per-endpoint set of kube-proxy
+// holds (nft's default, 65535); at worst (a flood of new sources) on the
+// order of 100-200 MB of kernel memory (an estimate: a hash element of
+// ~100-200 bytes each). A client the full map can't take is picked at
+// random, without affinity.
+const affinityMapSize = 1 << 20
+
 // affinityProtocols are the protocols whose connections affinity
 // remembers: nft types `ct original proto-dst` only after a protocol match,
 // so each has its rule.
@@ -280,7 +288,7 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 	// The map's own timeout is only its declaration's: every element gets
 	// its service's from the rule that adds it.
 	c.affinity = &m.Set{Name: mapAffinity, Key: []m.DataType{addrT, addrT, m.TypeInetProto, m.TypeInetService}, Data: c.targetT,
-		Typeof: &m.Typeof{Key: clientKey, Data: targetKey}, Timeout: affinityMapTimeout}
+		Typeof: &m.Typeof{Key: clientKey, Data: targetKey}, Timeout: affinityMapTimeout, Size: affinityMapSize}
 	c.affinityServices = &m.Set{Name: mapAffinityServices, Key: c.vipT, Data: verdict}
 	c.affinityNodePorts = &m.Set{Name: mapAffinityNodePorts, Key: c.npT, Data: verdict}
 	return c
