@@ -230,7 +230,9 @@ func BenchmarkKernelSync(b *testing.B) {
 	workloads[0].snap = wideSnapshot(5000)
 	workloads[0].next = withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20)
 	workloads[3].snap = withWide(wideSnapshot(5000), wideLocalPolicy)
-	workloads[3].next = withWide(withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20), wideLocalPolicy)
+	// A remote endpoint replaced by a remote one (odd addresses are on
+	// other nodes): the local count stays, as the endpoint count does.
+	workloads[3].next = withWide(withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20+1), wideLocalPolicy)
 	workloads[4].snap = withWide(wideSnapshot(5000), wideAffinity)
 	workloads[4].next = withWide(withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20), wideAffinity)
 	workloads[1].snap = benchSnapshot(1666)
