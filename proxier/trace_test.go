@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -457,6 +458,52 @@ func TestTraceExternalPolicyLocal(t *testing.T) {
 			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
 				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
 				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+			}
+		})
+	}
+}
+
+// TestTraceAffinity checks a service with ClientIP affinity: a client the
+// affinity map doesn't hold reaches every endpoint, and the connection is
+// remembered after DNAT under the entry it used.
+func TestTraceAffinity(t *testing.T) {
+	affinity := func(sp *k8s.ServicePort) { sp.AffinityTimeout = time.Minute }
+	all := []string{"10.244.1.10:8080", "10.244.1.11:8080"}
+	for _, tt := range []struct {
+		name        string
+		p           m.Packet
+		masqueraded []string
+	}{
+		{"ClusterIP from a pod", tracePkt(podSrc, "10.96.0.10", 80), nil},
+		{"NodePort from outside", tracePkt(outsideSrc, "192.168.77.1", 30080), all},
+		{"ClusterIP from the node", tracePkt("192.168.77.1", "10.96.0.10", 80, fromNode), all},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sp := svc("web", "http", "10.96.0.10", 2, nodePort(30080), affinity)
+			got := m.Trace(Compile(&k8s.Snapshot{Services: []k8s.ServicePort{sp}}, testConfig), tt.p)
+			explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
+			if diff := cmp.Diff(addrPorts(all), got.Endpoints, cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
+			}
+			var masq []netip.AddrPort
+			for _, b := range got.Branches {
+				if b.Masquerade {
+					masq = append(masq, b.Endpoint)
+				}
+			}
+			slices.SortFunc(masq, netip.AddrPort.Compare)
+			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+			}
+			remembered := 0
+			for _, s := range got.Steps {
+				if strings.Contains(s, "affinity-60: meta l4proto tcp update @affinity") && strings.Contains(s, "remembered in @affinity") {
+					remembered++
+				}
+			}
+			if remembered != len(all) {
+				t.Errorf("%d branches remembered in @affinity, want %d%s", remembered, len(all), explain)
 			}
 		})
 	}
