@@ -47,8 +47,10 @@ func (p *Prober) programTable(name string, program func(*build) error, keep bool
 		return err
 	}
 	failed, err := send(conn, msgs)
-	if err != nil && owned && failed >= 0 && isNewTable(msgs[failed]) && errors.Is(err, unix.EOPNOTSUPP) {
-		// A kernel before 5.12 knows no owner flag: probe without it.
+	if err != nil && owned && failed >= 0 && isNewTable(msgs[failed]) &&
+		(errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)) {
+		// A kernel before 5.12 knows no owner flag (and says EINVAL
+		// before 5.10 or so): probe without it.
 		p.noOwner, owned = true, false
 		if msgs, err = p.encode(name, owned, program); err != nil {
 			return err
