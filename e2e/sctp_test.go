@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
@@ -176,5 +178,71 @@ func TestSCTPThroughDNAT(t *testing.T) {
 				t.Errorf("kubeproxy_conntrack_reconciler_deleted_entries_total grew by %v, want %d", d, len(flows))
 			}
 		})
+	}
+}
+
+// sctpSocket opens an SCTP socket in ns (the kernel loads its sctp module
+// on demand where it has one), or says why it can't.
+func sctpSocket(ns *netns.NS) (int, error) {
+	fd := -1
+	err := ns.Do(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
+		return err
+	})
+	return fd, err
+}
+
+// TestSCTPAssociation: where the kernel has SCTP sockets, a real
+// association through the ClusterIP and the NodePort reaches the endpoint,
+// which answers with its name. Skipped where it hasn't (as here: the raw
+// INITs of TestSCTPThroughDNAT cover that kernel).
+func TestSCTPAssociation(t *testing.T) {
+	s := newScenario(t, 1, nil)
+	pod := s.topo.Pods[0]
+	lfd, err := sctpSocket(pod.NS)
+	if err != nil {
+		t.Skipf("no SCTP sockets in this kernel (%v); TestSCTPThroughDNAT sends raw INITs instead", err)
+	}
+	defer unix.Close(lfd)
+	a := pod.Addr.As4()
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Port: sctpPort, Addr: a}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(lfd, 8); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, _, err := unix.Accept(lfd)
+			if err != nil {
+				return
+			}
+			_, _ = unix.Write(c, []byte(pod.Name))
+			_ = unix.Close(c)
+		}
+	}()
+	s.change(func() { s.write("diameter.yaml", sctpService(pod)) })
+	for _, dst := range []netip.AddrPort{
+		netip.AddrPortFrom(netip.MustParseAddr(sctpVIP), sctpPort),
+		netip.AddrPortFrom(netns.NodeAddr, sctpNodePort),
+	} {
+		fd, err := sctpSocket(s.topo.Client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tv := unix.NsecToTimeval((2 * time.Second).Nanoseconds())
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		buf := make([]byte, 64)
+		n := 0
+		err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()})
+		if err == nil {
+			n, err = unix.Read(fd, buf)
+		}
+		_ = unix.Close(fd)
+		if err != nil || string(buf[:max(n, 0)]) != pod.Name {
+			t.Errorf("SCTP association to %s: read %q, %v; want %q", dst, buf[:max(n, 0)], err, pod.Name)
+		}
 	}
 }
