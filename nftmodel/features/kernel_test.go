@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
@@ -130,5 +132,31 @@ func TestProbesProgramWhatTheyName(t *testing.T) {
 	}
 	if diff := cmp.Diff(string(want), got.String()); diff != "" {
 		t.Errorf("probe tables differ from %s (-want +got):\n%s", golden, diff)
+	}
+}
+
+// A prober that dies between its two batches leaves nothing behind: the
+// probe table is owned by the probe's socket, and the kernel removes it
+// when the socket closes.
+func TestProbeTableGoesWithItsSocket(t *testing.T) {
+	ns := netns.New(t, "npfeat")
+	p := NewProber(ns.Fd(), bothFamilies...)
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.Fd()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := p.encode(p.tableName(), true, NATChains.program)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := send(conn, msgs); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ns.Exec("nft", "list", "tables"); err != nil || strings.Count(out, "nftproxy-probe-") != 2 {
+		t.Fatalf("tables after the first batch: %q, %v; want the two probe tables", out, err)
+	}
+	_ = conn.Close() // as the process's death would
+	if out, err := ns.Exec("nft", "list", "ruleset"); err != nil || out != "" {
+		t.Errorf("ruleset after the probe's socket closed: %q, %v; want it empty", out, err)
 	}
 }
