@@ -37,6 +37,11 @@ func probeNotifications(p *Prober) error {
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EWOULDBLOCK) || isTimeout(err) {
 			return fmt.Errorf("no notification of table %s: %w", name, errMissing)
 		}
+		if errors.Is(err, unix.ENOBUFS) {
+			// Other programs' notifications overflowed the socket while the
+			// probe ran: the group delivers.
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("receive nftables notifications: %w", err)
 		}
