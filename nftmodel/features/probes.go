@@ -13,7 +13,10 @@ import (
 
 // The features nftproxy's ruleset and flow cleanup use. MinKernel is the
 // release that added the feature, from the nftables wiki's list of kernel
-// updates; where a feature came in pieces, the last piece nftproxy needs.
+// updates and nft's release notes; where a feature came in pieces, the last
+// piece nftproxy needs. The probes themselves decide: only Linux 6.18 has
+// run them here, so a MinKernel is what the refusal tells the operator to
+// look for, not something a test has shown.
 var (
 	FilterChains = &Feature{Name: "filter base chains on prerouting, input, forward and output", MinKernel: "3.13",
 		program: func(b *build) error { b.filterChains(); return nil }}
