@@ -31,6 +31,9 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	if err := checkKernel(cfgs, o.conntrack, log); err != nil {
+		return err
+	}
 	if err := initNode(o, log); err != nil {
 		return err
 	}
