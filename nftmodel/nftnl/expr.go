@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"encoding/binary"
@@ -9,6 +9,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // This file translates model expressions into the register programs nft 1.0.6
@@ -46,8 +48,8 @@ func reg(offset uint32) uint32 {
 }
 
 // addrLen is the length of an address of the family.
-func addrLen(f Family) uint32 {
-	if f == IPv6 {
+func addrLen(f nftmodel.Family) uint32 {
+	if f == nftmodel.IPv6 {
 		return 16
 	}
 	return 4
@@ -55,13 +57,13 @@ func addrLen(f Family) uint32 {
 
 // addrOffset is where the source or destination address starts in the
 // network header.
-func addrOffset(f Family, fl Field) uint32 {
+func addrOffset(f nftmodel.Family, fl nftmodel.Field) uint32 {
 	switch {
-	case f == IPv4 && fl == FieldSaddr:
+	case f == nftmodel.IPv4 && fl == nftmodel.FieldSaddr:
 		return 12
-	case f == IPv4:
+	case f == nftmodel.IPv4:
 		return 16
-	case fl == FieldSaddr:
+	case fl == nftmodel.FieldSaddr:
 		return 8
 	default:
 		return 24
@@ -70,12 +72,12 @@ func addrOffset(f Family, fl Field) uint32 {
 
 // loadField loads one field into the register at the given word offset and
 // returns the expression and the field's length in bytes.
-func loadField(f Family, fl Field, offset uint32) (expr.Any, uint32) {
+func loadField(f nftmodel.Family, fl nftmodel.Field, offset uint32) (expr.Any, uint32) {
 	switch fl {
-	case FieldSaddr, FieldDaddr:
+	case nftmodel.FieldSaddr, nftmodel.FieldDaddr:
 		return &expr.Payload{DestRegister: reg(offset), Base: expr.PayloadBaseNetworkHeader,
 			Offset: addrOffset(f, fl), Len: addrLen(f)}, addrLen(f)
-	case FieldL4Proto:
+	case nftmodel.FieldL4Proto:
 		return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(offset)}, 1
 	default: // FieldTHDport
 		return &expr.Payload{DestRegister: reg(offset), Base: expr.PayloadBaseTransportHeader,
@@ -85,7 +87,7 @@ func loadField(f Family, fl Field, offset uint32) (expr.Any, uint32) {
 
 // loadKey loads the concatenation of fields into registers starting at reg 1,
 // each part padded to whole 32-bit registers as nft does.
-func loadKey(f Family, fields []Field) []expr.Any {
+func loadKey(f nftmodel.Family, fields []nftmodel.Field) []expr.Any {
 	out := make([]expr.Any, 0, len(fields))
 	var offset uint32
 	for _, fl := range fields {
@@ -97,7 +99,7 @@ func loadKey(f Family, fields []Field) []expr.Any {
 }
 
 // keyWords is how many 32-bit words loadKey fills for fields.
-func keyWords(f Family, fields []Field) uint32 {
+func keyWords(f nftmodel.Family, fields []nftmodel.Field) uint32 {
 	var n uint32
 	for _, fl := range fields {
 		_, size := loadField(f, fl, 0)
@@ -129,7 +131,7 @@ func bitTest(mask uint32, set bool) []expr.Any {
 	}
 }
 
-func matchPrefix(f Family, m MatchPrefix) []expr.Any {
+func matchPrefix(f nftmodel.Family, m nftmodel.MatchPrefix) []expr.Any {
 	op := expr.CmpOpEq
 	if m.Negate {
 		op = expr.CmpOpNeq
@@ -148,7 +150,7 @@ func matchPrefix(f Family, m MatchPrefix) []expr.Any {
 		return []expr.Any{load, cmpReg(op, addr[:bits/8])}
 	default:
 		mask := netip.PrefixFrom(netip.IPv6Unspecified(), bits)
-		if f == IPv4 {
+		if f == nftmodel.IPv4 {
 			mask = netip.PrefixFrom(netip.IPv4Unspecified(), bits)
 		}
 		return []expr.Any{
@@ -162,7 +164,7 @@ func matchPrefix(f Family, m MatchPrefix) []expr.Any {
 // matchIifname compares the input interface's name as nft does: a whole
 // name with its NUL padding to IFNAMSIZ, a "prefix*" with the prefix's bytes
 // only.
-func matchIifname(m MatchIifname) ([]expr.Any, error) {
+func matchIifname(m nftmodel.MatchIifname) ([]expr.Any, error) {
 	op := expr.CmpOpEq
 	if m.Negate {
 		op = expr.CmpOpNeq
@@ -188,7 +190,7 @@ func prefixMask(p netip.Prefix) []byte {
 	return b
 }
 
-func verdictExpr(v Verdict) *expr.Verdict {
+func verdictExpr(v nftmodel.Verdict) *expr.Verdict {
 	kind, chain := verdictCode(v)
 	return &expr.Verdict{Kind: kind, Chain: chain}
 }
@@ -203,7 +205,7 @@ type anonMap struct {
 // ruleExprs translates a rule. Anonymous maps the rule uses are returned
 // separately; their Set.ID is allocated when the set is added, which is why
 // lookups into them are finished by the caller (see batch.addRule).
-func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
+func ruleExprs(f nftmodel.Family, r nftmodel.Rule) ([]expr.Any, []anonMap, error) {
 	var out []expr.Any
 	var anon []anonMap
 	// l4proto is the protocol an earlier match in the rule fixed, as nft's
@@ -211,53 +213,53 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 	l4proto := -1
 	for _, e := range r.Exprs {
 		switch e := e.(type) {
-		case MatchPrefix:
-			if e.Field != FieldSaddr && e.Field != FieldDaddr {
+		case nftmodel.MatchPrefix:
+			if e.Field != nftmodel.FieldSaddr && e.Field != nftmodel.FieldDaddr {
 				return nil, nil, fmt.Errorf("translate prefix match: field %d is not an address", e.Field)
 			}
 			if e.Prefix.Addr().BitLen() != int(addrLen(f)*8) {
 				return nil, nil, fmt.Errorf("translate prefix match: %s is not a %s prefix", e.Prefix, f)
 			}
 			out = append(out, matchPrefix(f, e)...)
-		case MatchL4Proto:
+		case nftmodel.MatchL4Proto:
 			out = append(out, matchL4Proto(e.Proto)...)
 			l4proto = int(e.Proto)
-		case MatchMark:
+		case nftmodel.MatchMark:
 			out = append(out, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1})
 			out = append(out, bitTest(e.Mask, e.IsSet)...)
-		case MatchFibDaddrLocal:
+		case nftmodel.MatchFibDaddrLocal:
 			out = append(out,
 				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
-		case MatchFibSaddrLocal:
+		case nftmodel.MatchFibSaddrLocal:
 			out = append(out,
 				&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
 				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
-		case UpdateSet:
+		case nftmodel.UpdateSet:
 			out = append(out, loadKey(f, e.Key)...)
 			out = append(out, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE})
-		case MatchCtStateInvalid:
+		case nftmodel.MatchCtStateInvalid:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
 			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)
-		case MatchCtStatusDNAT:
+		case nftmodel.MatchCtStatusDNAT:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATUS})
 			out = append(out, bitTest(ctStatusDNAT, !e.Negate)...)
-		case MatchCtStateEstablished:
+		case nftmodel.MatchCtStateEstablished:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
 			out = append(out, bitTest(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, !e.Negate)...)
-		case MatchIifname:
+		case nftmodel.MatchIifname:
 			x, err := matchIifname(e)
 			if err != nil {
 				return nil, nil, err
 			}
 			out = append(out, x...)
-		case MatchSet:
+		case nftmodel.MatchSet:
 			out = append(out, loadKey(f, e.Key)...)
 			out = append(out, &expr.Lookup{SourceRegister: 1, SetName: e.Set})
-		case VerdictMap:
+		case nftmodel.VerdictMap:
 			out = append(out, loadKey(f, e.Key)...)
 			out = append(out, &expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 0})
-		case NumgenGoto:
+		case nftmodel.NumgenGoto:
 			if len(e.Chains) == 0 {
 				return nil, nil, fmt.Errorf("translate numgen: no chains")
 			}
@@ -286,17 +288,17 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 				&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 				// SetName and SetID are filled in once the set is added.
 				&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0})
-		case MarkOr:
+		case nftmodel.MarkOr:
 			out = append(out,
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(^e.Bits), Xor: hostU32(e.Bits)},
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true})
-		case MarkXor:
+		case nftmodel.MarkXor:
 			out = append(out,
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(e.Bits)},
 				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true})
-		case DNATMap:
+		case nftmodel.DNATMap:
 			out = append(out, loadKey(f, e.Key)...)
 			if e.Numgen > 0 {
 				// The random slot is the key's last part, in the register
@@ -308,7 +310,7 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 				// The map's value is address . port: the port starts right
 				// after the address, in whole registers. nft sets no flags here.
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(f), RegAddrMin: 1, RegProtoMin: reg(addrLen(f) / 4)})
-		case DNAT:
+		case nftmodel.DNAT:
 			if e.Addr.BitLen() != int(addrLen(f)*8) {
 				return nil, nil, fmt.Errorf("translate dnat: %s is not a %s address", e.Addr, f)
 			}
@@ -318,9 +320,9 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 				&expr.Immediate{Register: 1, Data: e.Addr.AsSlice()},
 				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, e.Port)},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(f), RegAddrMin: 1, RegProtoMin: 2, Specified: true})
-		case Masquerade:
+		case nftmodel.Masquerade:
 			out = append(out, &expr.Masq{FullyRandom: e.FullyRandom})
-		case Reject:
+		case nftmodel.Reject:
 			switch {
 			case e.TCPReset:
 				// nft adds the protocol match unless the rule already has
@@ -330,12 +332,12 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 					l4proto = unix.IPPROTO_TCP
 				}
 				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
-			case f == IPv6:
+			case f == nftmodel.IPv6:
 				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmp6PortUnr})
 			default:
 				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPortUnreach})
 			}
-		case Verdict:
+		case nftmodel.Verdict:
 			out = append(out, verdictExpr(e))
 		default:
 			return nil, nil, fmt.Errorf("translate expression: unknown type %T", e)
@@ -344,8 +346,8 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 	return out, anon, nil
 }
 
-func nfproto(f Family) uint32 {
-	if f == IPv6 {
+func nfproto(f nftmodel.Family) uint32 {
+	if f == nftmodel.IPv6 {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"encoding/binary"
@@ -13,6 +13,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // A batch goes to the kernel as one buffer written here, not through
@@ -146,7 +148,7 @@ func (e *elementsStep) size(table string) int {
 
 // elements writes one message adding or deleting the checked elements of a
 // set, as google/nftables' SetAddElements and SetDeleteElements encode it.
-func (w *wire) elements(family Family, table string, e *elementsStep) {
+func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep) {
 	ls, enc, els := e.set, e.enc, e.els
 	typ := unix.NFT_MSG_DELSETELEM
 	if e.add {
@@ -166,7 +168,7 @@ func (w *wire) elements(family Family, table string, e *elementsStep) {
 	w.endMsg(start)
 }
 
-func (w *wire) element(index uint16, enc *elementEncoder, e *Element) {
+func (w *wire) element(index uint16, enc *elementEncoder, e *nftmodel.Element) {
 	item := w.beginAttr(index | unix.NLA_F_NESTED)
 	key := w.beginAttr(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
 	w.values(unix.NFTA_DATA_VALUE, enc.key, e.Key)
@@ -201,30 +203,30 @@ func (w *wire) element(index uint16, enc *elementEncoder, e *Element) {
 }
 
 // values writes an attribute holding KeyBytes(types, vals).
-func (w *wire) values(typ uint16, types []DataType, vals []Value) {
+func (w *wire) values(typ uint16, types []nftmodel.DataType, vals []nftmodel.Value) {
 	start := w.beginAttr(typ)
-	w.buf = appendValues(w.buf, types, vals)
+	w.buf = nftmodel.AppendKeyBytes(w.buf, types, vals)
 	w.endAttr(start)
 }
 
 // verdictCode is the kernel's code for a verdict, and the chain it names.
-func verdictCode(v Verdict) (expr.VerdictKind, string) {
+func verdictCode(v nftmodel.Verdict) (expr.VerdictKind, string) {
 	switch v.Kind {
-	case Accept:
+	case nftmodel.Accept:
 		return expr.VerdictAccept, ""
-	case Drop:
+	case nftmodel.Drop:
 		return expr.VerdictDrop, ""
-	case Return:
+	case nftmodel.Return:
 		return expr.VerdictReturn, ""
-	case Jump:
+	case nftmodel.Jump:
 		return expr.VerdictJump, v.Chain
 	default:
 		return expr.VerdictGoto, v.Chain
 	}
 }
 
-func libFamily(f Family) nftables.TableFamily {
-	if f == IPv6 {
+func libFamily(f nftmodel.Family) nftables.TableFamily {
+	if f == nftmodel.IPv6 {
 		return nftables.TableFamilyIPv6
 	}
 	return nftables.TableFamilyIPv4
@@ -244,7 +246,7 @@ type refusal struct {
 // the kernel. After any error the socket is dropped, so that replies left of
 // this batch can't reach the next one.
 func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
-	if conn.TestDial != nil {
+	if conn.lib.TestDial != nil {
 		return sendBatchTest(conn, buf, seq, msgs)
 	}
 	conn.mu.Lock()
@@ -362,7 +364,7 @@ func (c *Conn) batchSocket() (BatchSocket, error) {
 	if c.batches != nil {
 		return c.batches, nil
 	}
-	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.NetNS})
+	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.lib.NetNS})
 	if err != nil {
 		return nil, fmt.Errorf("dial netfilter socket: %w", err)
 	}
@@ -396,7 +398,7 @@ func sendBatchTest(conn *Conn, buf []byte, seq uint32, n int) (*refusal, error) 
 	if err != nil {
 		return nil, fmt.Errorf("parse batch: %w", err)
 	}
-	replies, err := conn.TestDial(msgs)
+	replies, err := conn.lib.TestDial(msgs)
 	if err != nil {
 		return nil, fmt.Errorf("send batch: %w", err)
 	}
