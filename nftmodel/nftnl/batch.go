@@ -7,7 +7,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -17,10 +16,10 @@ import (
 // while planning, before a single message is encoded, so an invalid model
 // never leaves a half-built batch behind. conn is only read from (and names
 // the namespace the batch goes to); the library encodes its messages on a
-// connection of its own that sends nothing (see send).
+// libEncoder, which sends nothing.
 type batch struct {
 	conn   *Conn
-	lib    *nftables.Conn
+	lib    *libEncoder
 	family nftmodel.Family
 	table  *nftables.Table
 	stats  nftmodel.Stats
@@ -30,8 +29,6 @@ type batch struct {
 	// userData is the user data of the sets declared with typeof, which
 	// the library can't write: send puts it into their messages.
 	userData map[string][]byte
-	// captured is what the library encoded on lib, in order.
-	captured []netlink.Message
 }
 
 // step is one part of the batch: msgs messages the library encodes when
@@ -56,21 +53,15 @@ type elementsStep struct {
 }
 
 func newBatch(conn *Conn, f nftmodel.Family, table string) *batch {
-	b := &batch{
+	return &batch{
 		conn:     conn,
+		lib:      newLibEncoder(),
 		family:   f,
 		table:    &nftables.Table{Name: table, Family: libFamily(f)},
 		sets:     map[string]*nftables.Set{},
 		types:    map[string]*nftmodel.Set{},
 		userData: map[string][]byte{},
 	}
-	b.lib = &nftables.Conn{TestDial: func(req []netlink.Message) ([]netlink.Message, error) {
-		if len(req) >= 2 { // a batch: begin, the messages, end
-			b.captured = append(b.captured, req[1:len(req)-1]...)
-		}
-		return nil, nil
-	}}
-	return b
 }
 
 func (b *batch) plan(msgs int, queue func() error, format string, args ...any) {
@@ -363,8 +354,8 @@ func (b *batch) elements(set string, els []nftmodel.Element, add bool) error {
 // it, if any table of the namespace changed since that generation. On error
 // send names the message the kernel refused.
 //
-// The library's messages are encoded first, on b.lib, whose test dialer
-// keeps them instead of sending; the batch is then written into one buffer
+// The library's messages are encoded first, on b.lib, which keeps them
+// instead of sending; the batch is then written into one buffer
 // of the size it needs, the library's messages copied in their places and
 // set elements encoded in theirs.
 func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
@@ -373,9 +364,7 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	for _, s := range b.steps {
 		if s.queue != nil {
 			if err := s.queue(); err != nil {
-				// google/nftables keeps the error and its Flush then returns it
-				// without encoding anything.
-				_ = b.lib.Flush()
+				b.lib.discard()
 				return nftmodel.Stats{}, b.fail(verb, err)
 			}
 			libMsgs += s.msgs
@@ -384,16 +373,16 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 			what = append(what, s.what)
 		}
 	}
-	b.captured = b.captured[:0]
-	if err := b.lib.Flush(); err != nil {
+	captured, err := b.lib.encode()
+	if err != nil {
 		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: %w", err))
 	}
-	if len(b.captured) != libMsgs {
+	if len(captured) != libMsgs {
 		// The count of each step must be exact, or errors would name the
 		// wrong message.
-		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(b.captured), libMsgs))
+		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(captured), libMsgs))
 	}
-	lib := b.captured
+	lib := captured
 	for _, s := range b.steps {
 		if s.queue == nil {
 			continue
@@ -409,7 +398,7 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	}
 
 	size := 2 * batchEdgeSize(genID)
-	for _, m := range b.captured {
+	for _, m := range captured {
 		size += nlmsgHeaderLen + align4(len(m.Data))
 	}
 	for _, s := range b.steps {
@@ -420,7 +409,7 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	first := nextSeqs(len(what) + 2)
 	w := &wire{buf: make([]byte, 0, size), seq: first}
 	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
-	lib = b.captured
+	lib = captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
 			w.elements(b.family, b.table.Name, e)
@@ -432,7 +421,6 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 		lib = lib[s.msgs:]
 	}
 	w.batchEdge(unix.NFNL_MSG_BATCH_END, genID)
-	b.captured = nil
 
 	b.stats.Messages = len(what) + 2
 	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)

@@ -3,7 +3,8 @@
 // ApplyChanges), reads a table back into the model (Read), and reports the
 // namespace's nftables notifications (Watch).
 //
-// google/nftables encodes tables, chains, rules and sets, set elements are encoded straight into the
+// google/nftables encodes tables, chains, rules and sets (captured without
+// sending, see libEncoder), set elements are encoded straight into the
 // batch's one buffer (wire.go), which goes out in a single sendmsg.
 //
 // Everything works on a Conn from the caller (Dial): it reads the kernel's
