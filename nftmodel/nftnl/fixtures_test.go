@@ -203,6 +203,7 @@ func full6Ruleset() *nftmodel.Ruleset {
 			nlBase("filter-forward", nftmodel.TypeFilter, nftmodel.HookForward, 0,
 				nlRule(nftmodel.MatchCtStateInvalid{}, nftmodel.Verdict{Kind: nftmodel.Drop}),
 				nlRule(nftmodel.MatchFibDaddrLocal{}, nftmodel.MatchSet{Key: []nftmodel.Field{nftmodel.FieldDaddr}, Set: "nodeport-ips"}, nftmodel.Verdict{Kind: nftmodel.Accept}),
+				nlRule(nftmodel.MatchIifname{Name: "veth*"}, nftmodel.MatchL4Proto{Proto: 17}, nftmodel.MatchCtStateEstablished{Negate: true}, nftmodel.Verdict{Kind: nftmodel.Accept}),
 				nlRule(nftmodel.Reject{TCPReset: true}),
 				nlRule(nftmodel.Reject{})),
 			nlBase("filter-input", nftmodel.TypeFilter, nftmodel.HookInput, -110),
