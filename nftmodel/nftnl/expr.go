@@ -204,146 +204,215 @@ type anonMap struct {
 
 // ruleExprs translates a rule. Anonymous maps the rule uses are returned
 // separately; their Set.ID is allocated when the set is added, which is why
-// lookups into them are finished by the caller (see batch.addRule).
+// lookups into them are finished by the caller (see batch.addRules).
 func ruleExprs(f nftmodel.Family, r nftmodel.Rule) ([]expr.Any, []anonMap, error) {
-	var out []expr.Any
-	var anon []anonMap
-	// l4proto is the protocol an earlier match in the rule fixed, as nft's
-	// protocol context tracks it: a TCP reset needs no match of its own then.
-	l4proto := -1
+	enc := &ruleEncoder{f: f, l4proto: -1}
 	for _, e := range r.Exprs {
-		switch e := e.(type) {
-		case nftmodel.MatchPrefix:
-			if e.Field != nftmodel.FieldSaddr && e.Field != nftmodel.FieldDaddr {
-				return nil, nil, fmt.Errorf("translate prefix match: field %d is not an address", e.Field)
-			}
-			if e.Prefix.Addr().BitLen() != int(addrLen(f)*8) {
-				return nil, nil, fmt.Errorf("translate prefix match: %s is not a %s prefix", e.Prefix, f)
-			}
-			out = append(out, matchPrefix(f, e)...)
-		case nftmodel.MatchL4Proto:
-			out = append(out, matchL4Proto(e.Proto)...)
-			l4proto = int(e.Proto)
-		case nftmodel.MatchMark:
-			out = append(out, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1})
-			out = append(out, bitTest(e.Mask, e.IsSet)...)
-		case nftmodel.MatchFibDaddrLocal:
-			out = append(out,
-				&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
-		case nftmodel.MatchFibSaddrLocal:
-			out = append(out,
-				&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
-				cmpReg(expr.CmpOpEq, hostU32(rtnLocal)))
-		case nftmodel.UpdateSet:
-			out = append(out, loadKey(f, e.Key)...)
-			out = append(out, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE})
-		case nftmodel.MatchCtStateInvalid:
-			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
-			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)
-		case nftmodel.MatchCtStatusDNAT:
-			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATUS})
-			out = append(out, bitTest(ctStatusDNAT, !e.Negate)...)
-		case nftmodel.MatchCtStateEstablished:
-			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
-			out = append(out, bitTest(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, !e.Negate)...)
-		case nftmodel.MatchIifname:
-			x, err := matchIifname(e)
-			if err != nil {
-				return nil, nil, err
-			}
-			out = append(out, x...)
-		case nftmodel.MatchSet:
-			out = append(out, loadKey(f, e.Key)...)
-			out = append(out, &expr.Lookup{SourceRegister: 1, SetName: e.Set})
-		case nftmodel.VerdictMap:
-			out = append(out, loadKey(f, e.Key)...)
-			out = append(out, &expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 0})
-		case nftmodel.NumgenGoto:
-			if len(e.Chains) == 0 {
-				return nil, nil, fmt.Errorf("translate numgen: no chains")
-			}
-			// nft keys this map with host-endian integers, and says so in the
-			// set's user data; google/nftables always declares an anonymous
-			// set's keys big-endian, and nft would list 1 as 16777216. So the
-			// numgen result is turned big-endian before the lookup and the
-			// keys are big-endian: the same lookup, listed exactly as nft
-			// lists its own (nft prints the conversion as its argument).
-			m := anonMap{set: &nftables.Set{
-				Anonymous: true,
-				Constant:  true,
-				IsMap:     true,
-				KeyType:   nftables.TypeInteger,
-				DataType:  nftables.TypeVerdict,
-			}}
-			for i, c := range e.Chains {
-				m.elements = append(m.elements, nftables.SetElement{
-					Key:         binary.BigEndian.AppendUint32(nil, uint32(i)),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: c},
-				})
-			}
-			anon = append(anon, m)
-			out = append(out,
-				&expr.Numgen{Register: 1, Modulus: uint32(len(e.Chains)), Type: unix.NFT_NG_RANDOM},
-				&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-				// SetName and SetID are filled in once the set is added.
-				&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0})
-		case nftmodel.MarkOr:
-			out = append(out,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(^e.Bits), Xor: hostU32(e.Bits)},
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true})
-		case nftmodel.MarkXor:
-			out = append(out,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(e.Bits)},
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true})
-		case nftmodel.DNATMap:
-			out = append(out, loadKey(f, e.Key)...)
-			if e.Numgen > 0 {
-				// The random slot is the key's last part, in the register
-				// after the fields, host-endian as the map's key stores it.
-				out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Type: unix.NFT_NG_RANDOM})
-			}
-			out = append(out,
-				&expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 1},
-				// The map's value is address . port: the port starts right
-				// after the address, in whole registers. nft sets no flags here.
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(f), RegAddrMin: 1, RegProtoMin: reg(addrLen(f) / 4)})
-		case nftmodel.DNAT:
-			if e.Addr.BitLen() != int(addrLen(f)*8) {
-				return nil, nil, fmt.Errorf("translate dnat: %s is not a %s address", e.Addr, f)
-			}
-			out = append(out, matchL4Proto(e.Proto)...)
-			l4proto = int(e.Proto)
-			out = append(out,
-				&expr.Immediate{Register: 1, Data: e.Addr.AsSlice()},
-				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, e.Port)},
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(f), RegAddrMin: 1, RegProtoMin: 2, Specified: true})
-		case nftmodel.Masquerade:
-			out = append(out, &expr.Masq{FullyRandom: e.FullyRandom})
-		case nftmodel.Reject:
-			switch {
-			case e.TCPReset:
-				// nft adds the protocol match unless the rule already has
-				// one, and does not list it.
-				if l4proto != unix.IPPROTO_TCP {
-					out = append(out, matchL4Proto(unix.IPPROTO_TCP)...)
-					l4proto = unix.IPPROTO_TCP
-				}
-				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
-			case f == nftmodel.IPv6:
-				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmp6PortUnr})
-			default:
-				out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPortUnreach})
-			}
-		case nftmodel.Verdict:
-			out = append(out, verdictExpr(e))
-		default:
-			return nil, nil, fmt.Errorf("translate expression: unknown type %T", e)
+		if err := enc.add(e); err != nil {
+			return nil, nil, err
 		}
 	}
-	return out, anon, nil
+	return enc.out, enc.anon, nil
+}
+
+// ruleEncoder collects the register program of one rule, expression by
+// expression.
+type ruleEncoder struct {
+	f    nftmodel.Family
+	out  []expr.Any
+	anon []anonMap
+	// l4proto is the protocol an earlier match in the rule fixed, as nft's
+	// protocol context tracks it: a TCP reset needs no match of its own then.
+	l4proto int
+}
+
+// add appends the program of one expression.
+func (enc *ruleEncoder) add(e nftmodel.Expr) error {
+	f := enc.f
+	switch e := e.(type) {
+	case nftmodel.MatchPrefix:
+		return enc.emitErr(checkedPrefixMatch(f, e))
+	case nftmodel.MatchL4Proto:
+		enc.matchL4Proto(e.Proto)
+	case nftmodel.MatchMark:
+		enc.emit(markTest(e))
+	case nftmodel.MatchFibDaddrLocal:
+		enc.emit(fibLocal(&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}))
+	case nftmodel.MatchFibSaddrLocal:
+		enc.emit(fibLocal(&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true}))
+	case nftmodel.UpdateSet:
+		enc.emit(withKey(f, e.Key, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE}))
+	case nftmodel.MatchCtStateInvalid:
+		enc.emit(ctBitTest(expr.CtKeySTATE, expr.CtStateBitINVALID, true))
+	case nftmodel.MatchCtStatusDNAT:
+		enc.emit(ctBitTest(expr.CtKeySTATUS, ctStatusDNAT, !e.Negate))
+	case nftmodel.MatchCtStateEstablished:
+		enc.emit(ctBitTest(expr.CtKeySTATE, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, !e.Negate))
+	case nftmodel.MatchIifname:
+		return enc.emitErr(matchIifname(e))
+	case nftmodel.MatchSet:
+		enc.emit(withKey(f, e.Key, &expr.Lookup{SourceRegister: 1, SetName: e.Set}))
+	case nftmodel.VerdictMap:
+		enc.emit(withKey(f, e.Key, &expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 0}))
+	case nftmodel.NumgenGoto:
+		return enc.numgenGoto(e)
+	case nftmodel.MarkOr:
+		enc.emit(markSet(^e.Bits, e.Bits))
+	case nftmodel.MarkXor:
+		enc.emit(markSet(0xffffffff, e.Bits))
+	case nftmodel.DNATMap:
+		enc.emit(dnatMap(f, e))
+	case nftmodel.DNAT:
+		return enc.dnat(e)
+	case nftmodel.Masquerade:
+		enc.emit([]expr.Any{&expr.Masq{FullyRandom: e.FullyRandom}})
+	case nftmodel.Reject:
+		enc.reject(e)
+	case nftmodel.Verdict:
+		enc.emit([]expr.Any{verdictExpr(e)})
+	default:
+		return fmt.Errorf("translate expression: unknown type %T", e)
+	}
+	return nil
+}
+
+func (enc *ruleEncoder) emit(x []expr.Any) { enc.out = append(enc.out, x...) }
+
+func (enc *ruleEncoder) emitErr(x []expr.Any, err error) error {
+	if err != nil {
+		return err
+	}
+	enc.emit(x)
+	return nil
+}
+
+func (enc *ruleEncoder) matchL4Proto(p uint8) {
+	enc.emit(matchL4Proto(p))
+	enc.l4proto = int(p)
+}
+
+// checkedPrefixMatch is matchPrefix for a prefix of the family on an address
+// field.
+func checkedPrefixMatch(f nftmodel.Family, m nftmodel.MatchPrefix) ([]expr.Any, error) {
+	if m.Field != nftmodel.FieldSaddr && m.Field != nftmodel.FieldDaddr {
+		return nil, fmt.Errorf("translate prefix match: field %d is not an address", m.Field)
+	}
+	if m.Prefix.Addr().BitLen() != int(addrLen(f)*8) {
+		return nil, fmt.Errorf("translate prefix match: %s is not a %s prefix", m.Prefix, f)
+	}
+	return matchPrefix(f, m), nil
+}
+
+// markTest is `meta mark & mask != 0` (or `== 0`).
+func markTest(m nftmodel.MatchMark) []expr.Any {
+	return append([]expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: 1}}, bitTest(m.Mask, m.IsSet)...)
+}
+
+// fibLocal is `fib … type local` for the lookup fib.
+func fibLocal(fib *expr.Fib) []expr.Any {
+	return []expr.Any{fib, cmpReg(expr.CmpOpEq, hostU32(rtnLocal))}
+}
+
+// ctBitTest tests bits of the connection's state or status.
+func ctBitTest(key expr.CtKey, mask uint32, set bool) []expr.Any {
+	return append([]expr.Any{&expr.Ct{Register: 1, Key: key}}, bitTest(mask, set)...)
+}
+
+// withKey loads a key and hands it to use: a lookup or a set update.
+func withKey(f nftmodel.Family, key []nftmodel.Field, use expr.Any) []expr.Any {
+	return append(loadKey(f, key), use)
+}
+
+// markSet is `meta mark set meta mark & mask ^ xor`, which nft lists as an
+// or (mask the complement of xor) or a xor (mask all ones).
+func markSet(mask, xor uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(mask), Xor: hostU32(xor)},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true},
+	}
+}
+
+// numgenGoto is `numgen random mod N vmap { 0 : goto …, … }` with its
+// anonymous map.
+func (enc *ruleEncoder) numgenGoto(e nftmodel.NumgenGoto) error {
+	if len(e.Chains) == 0 {
+		return fmt.Errorf("translate numgen: no chains")
+	}
+	// nft keys this map with host-endian integers, and says so in the
+	// set's user data; google/nftables always declares an anonymous
+	// set's keys big-endian, and nft would list 1 as 16777216. So the
+	// numgen result is turned big-endian before the lookup and the
+	// keys are big-endian: the same lookup, listed exactly as nft
+	// lists its own (nft prints the conversion as its argument).
+	m := anonMap{set: &nftables.Set{
+		Anonymous: true,
+		Constant:  true,
+		IsMap:     true,
+		KeyType:   nftables.TypeInteger,
+		DataType:  nftables.TypeVerdict,
+	}}
+	for i, c := range e.Chains {
+		m.elements = append(m.elements, nftables.SetElement{
+			Key:         binary.BigEndian.AppendUint32(nil, uint32(i)),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: c},
+		})
+	}
+	enc.anon = append(enc.anon, m)
+	enc.emit([]expr.Any{
+		&expr.Numgen{Register: 1, Modulus: uint32(len(e.Chains)), Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		// SetName and SetID are filled in once the set is added.
+		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0},
+	})
+	return nil
+}
+
+// dnatMap is `dnat to <key> map @m`, the key ending with a random slot when
+// e.Numgen > 0.
+func dnatMap(f nftmodel.Family, e nftmodel.DNATMap) []expr.Any {
+	out := loadKey(f, e.Key)
+	if e.Numgen > 0 {
+		// The random slot is the key's last part, in the register
+		// after the fields, host-endian as the map's key stores it.
+		out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Type: unix.NFT_NG_RANDOM})
+	}
+	return append(out,
+		&expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 1},
+		// The map's value is address . port: the port starts right
+		// after the address, in whole registers. nft sets no flags here.
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(f), RegAddrMin: 1, RegProtoMin: reg(addrLen(f) / 4)})
+}
+
+// dnat is `meta l4proto p dnat to addr:port`.
+func (enc *ruleEncoder) dnat(e nftmodel.DNAT) error {
+	if e.Addr.BitLen() != int(addrLen(enc.f)*8) {
+		return fmt.Errorf("translate dnat: %s is not a %s address", e.Addr, enc.f)
+	}
+	enc.matchL4Proto(e.Proto)
+	enc.emit([]expr.Any{
+		&expr.Immediate{Register: 1, Data: e.Addr.AsSlice()},
+		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, e.Port)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto(enc.f), RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+	})
+	return nil
+}
+
+// reject is a TCP reset, or an ICMP port unreachable of the family.
+func (enc *ruleEncoder) reject(e nftmodel.Reject) {
+	switch {
+	case e.TCPReset:
+		// nft adds the protocol match unless the rule already has
+		// one, and does not list it.
+		if enc.l4proto != unix.IPPROTO_TCP {
+			enc.matchL4Proto(unix.IPPROTO_TCP)
+		}
+		enc.emit([]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
+	case enc.f == nftmodel.IPv6:
+		enc.emit([]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmp6PortUnr}})
+	default:
+		enc.emit([]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPortUnreach}})
+	}
 }
 
 func nfproto(f nftmodel.Family) uint32 {
