@@ -234,7 +234,7 @@ func TestSameServicePortSeesEveryField(t *testing.T) {
 
 // TestIncrementalThroughNetlink sends the incremental changes of a random
 // sequence over netlink: the kernel takes every batch, and the table read
-// back (nftmodel.Read, which lists as nft does) is Compile's ruleset at the end.
+// back (nftnl.Read, which lists as nft does) is Compile's ruleset at the end.
 func TestIncrementalThroughNetlink(t *testing.T) {
 	ns := netns.New(t, "pxi")
 	conn, err := nftnl.Dial(ns.Fd())

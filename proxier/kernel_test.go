@@ -12,7 +12,7 @@ import (
 
 // TestGoldenRulesetsThroughNetlink applies every golden ruleset over netlink
 // in a fresh namespace: `nft list table` must print exactly the golden text,
-// and so must the table read back with nftmodel.Read (`nftproxy list`).
+// and so must the table read back with nftnl.Read (`nftproxy list`).
 // (The goldens also load with `nft -f` and list back unchanged; the nftmodel
 // differential test proves that side for every expression.)
 func TestGoldenRulesetsThroughNetlink(t *testing.T) {

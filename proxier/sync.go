@@ -59,7 +59,7 @@ type Options struct {
 	// commits on, so that Notify can tell our commits from others'.
 	OwnPort func(port uint32) bool
 	// Notifications, when set, is paused during each sync's batches (see
-	// nftmodel.Watcher.Pause); a commit of another program meanwhile, told
+	// nftnl.Watcher.Pause); a commit of another program meanwhile, told
 	// by the generation, makes Run repair at once.
 	Notifications Pauser
 }

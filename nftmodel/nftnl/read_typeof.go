@@ -62,7 +62,7 @@ func setUserData(conn *Conn, f nftmodel.Family, table string) (map[string][]byte
 }
 
 // readTypeof parses the expressions of a set declared with typeof from its
-// user data (see netlink_typeof.go), nil when it was declared by types. The
+// user data (see typeof.go), nil when it was declared by types. The
 // caller writes the user data again from the result and compares.
 func readTypeof(f nftmodel.Family, ud []byte) (*nftmodel.Typeof, error) {
 	key := userdata.Get(ud, userdata.NFTNL_UDATA_SET_KEY_TYPEOF)
