@@ -322,11 +322,7 @@ func TestApplyRetriesStaleGeneration(t *testing.T) {
 		}
 		return nil, fmt.Errorf("unexpected request %s", msgType(req[0]))
 	}
-	conn, err := nftables.New(nftables.WithTestDial(dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Apply(&Conn{lib: conn}, &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t"}); err != nil {
+	if _, err := Apply(dialConn(t, dial), &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	if d := gocmp.Diff([]uint32{10, 11, 0}, gens); d != "" {

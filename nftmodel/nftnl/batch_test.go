@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
@@ -35,12 +36,63 @@ func newRecorder(t *testing.T, sets ...*nftmodel.Set) (*recorder, *Conn) {
 	for _, s := range sets {
 		r.sets[s.Name] = s
 	}
-	conn, err := nftables.New(nftables.WithTestDial(r.dial))
+	return r, dialConn(t, r.dial)
+}
+
+// dialConn is a Conn whose reads (through the library) and batches go to
+// dial instead of the kernel.
+func dialConn(t *testing.T, dial func([]netlink.Message) ([]netlink.Message, error)) *Conn {
+	lib, err := nftables.New(nftables.WithTestDial(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, &Conn{lib: conn}
+	return &Conn{lib: lib, open: func() (BatchSocket, error) { return &dialerSocket{dial: dial}, nil }}
 }
+
+// dialerSocket is a batch socket that hands each batch's messages to a test
+// dialer and gives its replies back as the kernel's.
+type dialerSocket struct {
+	dial    func([]netlink.Message) ([]netlink.Message, error)
+	replies []byte
+}
+
+func (s *dialerSocket) Send(batch []byte, _ int, _ time.Time) error {
+	msgs, err := splitMessages(batch)
+	if err != nil {
+		return fmt.Errorf("parse batch: %w", err)
+	}
+	replies, err := s.dial(msgs)
+	if err != nil {
+		return err
+	}
+	for _, m := range replies {
+		n := nlmsgHeaderLen + len(m.Data)
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, uint32(n))
+		s.replies = binary.NativeEndian.AppendUint16(s.replies, uint16(m.Header.Type))
+		s.replies = binary.NativeEndian.AppendUint16(s.replies, uint16(m.Header.Flags))
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, m.Header.Sequence)
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, m.Header.PID)
+		s.replies = append(s.replies, m.Data...)
+		s.replies = append(s.replies, make([]byte, align4(n)-n)...)
+	}
+	return nil
+}
+
+// Receive gives all replies in one read, then none.
+func (s *dialerSocket) Receive(buf []byte) (int, error) {
+	if len(s.replies) == 0 {
+		return 0, unix.EAGAIN
+	}
+	if len(s.replies) > len(buf) {
+		return 0, fmt.Errorf("replies of %d bytes, read buffer of %d", len(s.replies), len(buf))
+	}
+	n := copy(buf, s.replies)
+	s.replies = nil
+	return n, nil
+}
+
+func (s *dialerSocket) PortID() uint32 { return 0 }
+func (s *dialerSocket) Close() error   { return nil }
 
 func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {
 	switch {

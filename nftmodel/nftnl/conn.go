@@ -16,13 +16,15 @@ import (
 // connection, through which the applier reads the kernel's state, and a
 // netfilter socket of its own for batches, opened in the same namespace at
 // the first batch and kept (closing a socket waits for the kernel to finish
-// freeing what the last batch deleted; see sendBatch). With a test dialer
-// the batches go to the dialer instead.
+// freeing what the last batch deleted; see sendBatch).
 //
 // The library's connection stays inside: callers get what nftproxy needs of
 // the kernel, as the functions of this package, and nothing else.
 type Conn struct {
 	lib *nftables.Conn
+	// open opens a batch socket: in the connection's namespace, or in
+	// tests one that hands the batches to a test dialer.
+	open func() (BatchSocket, error)
 	// SendTimeout bounds the sending of one batch (0: DefaultSendTimeout).
 	SendTimeout time.Duration
 
@@ -76,7 +78,7 @@ func Dial(netnsFd int) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial nftables: %w", err)
 	}
-	return &Conn{lib: c}, nil
+	return &Conn{lib: c, open: func() (BatchSocket, error) { return dialNetfilterSocket(netnsFd) }}, nil
 }
 
 // Close closes the batch socket and the library's lasting socket.

@@ -242,13 +242,9 @@ type refusal struct {
 // sendBatch sends a written batch of msgs messages numbered from seq on
 // conn's batch socket and returns the first refusal in the kernel's replies,
 // if any. The kernel handles a batch while sendmsg runs, so every reply is
-// queued when it returns. conn's test dialer, when it has one, stands in for
-// the kernel. After any error the socket is dropped, so that replies left of
-// this batch can't reach the next one.
+// queued when it returns. After any error the socket is dropped, so that
+// replies left of this batch can't reach the next one.
 func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
-	if conn.lib.TestDial != nil {
-		return sendBatchTest(conn, buf, seq, msgs)
-	}
 	conn.mu.Lock()
 	defer conn.mu.Unlock()
 	sock, err := conn.batchSocket()
@@ -358,13 +354,10 @@ func (s netfilterSocket) Receive(buf []byte) (int, error) {
 func (s netfilterSocket) PortID() uint32 { return s.c.PID() }
 func (s netfilterSocket) Close() error   { return s.c.Close() }
 
-// batchSocket returns the batch socket, opening it in the connection's
-// namespace the first time. The caller holds conn.mu.
-func (c *Conn) batchSocket() (BatchSocket, error) {
-	if c.batches != nil {
-		return c.batches, nil
-	}
-	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.lib.NetNS})
+// dialNetfilterSocket opens a batch socket in the network namespace netnsFd
+// (0 for the caller's own).
+func dialNetfilterSocket(netnsFd int) (BatchSocket, error) {
+	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFd})
 	if err != nil {
 		return nil, fmt.Errorf("dial netfilter socket: %w", err)
 	}
@@ -374,7 +367,19 @@ func (c *Conn) batchSocket() (BatchSocket, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("set netlink option: %w", err)
 	}
-	var bs BatchSocket = netfilterSocket{sock}
+	return netfilterSocket{sock}, nil
+}
+
+// batchSocket returns the batch socket, opening it the first time. The
+// caller holds conn.mu.
+func (c *Conn) batchSocket() (BatchSocket, error) {
+	if c.batches != nil {
+		return c.batches, nil
+	}
+	bs, err := c.open()
+	if err != nil {
+		return nil, err
+	}
 	if c.wrap != nil {
 		bs = c.wrap(bs)
 	}
@@ -390,20 +395,6 @@ func (c *Conn) batchSocket() (BatchSocket, error) {
 // the notifications of a closed socket's last commits may still be queued
 // for a monitor when the next socket opens.
 const maxPorts = 4
-
-// sendBatchTest hands the batch's messages to conn's test dialer, as the
-// library would, and reads its replies as the kernel's.
-func sendBatchTest(conn *Conn, buf []byte, seq uint32, n int) (*refusal, error) {
-	msgs, err := splitMessages(buf)
-	if err != nil {
-		return nil, fmt.Errorf("parse batch: %w", err)
-	}
-	replies, err := conn.lib.TestDial(msgs)
-	if err != nil {
-		return nil, fmt.Errorf("send batch: %w", err)
-	}
-	return firstRefusal(replies, seq, n), nil
-}
 
 // firstRefusal finds the first error among replies to the batch of n
 // messages numbered from seq; acknowledgements (error 0), echoed rules and
