@@ -28,16 +28,16 @@ type Event struct {
 
 // Netfilter's family numbers (NFPROTO_IPV4, NFPROTO_IPV6).
 const (
-	NFProtoIPv4 = 2
-	NFProtoIPv6 = 10
+	nfprotoIPv4 = 2
+	nfprotoIPv6 = 10
 )
 
 // FamilyOf returns the model's family of a netfilter family number.
 func FamilyOf(nfproto uint8) (Family, bool) {
 	switch nfproto {
-	case NFProtoIPv4:
+	case nfprotoIPv4:
 		return IPv4, true
-	case NFProtoIPv6:
+	case nfprotoIPv6:
 		return IPv6, true
 	}
 	return 0, false

@@ -42,8 +42,15 @@ func TestParseEvent(t *testing.T) {
 // The model spells the kernel's numbers it shares with the proxier out, so as
 // not to import the kernel's headers; they must be the kernel's.
 func TestModelKernelNumbers(t *testing.T) {
-	if nftmodel.EventNewGen != unix.NFT_MSG_NEWGEN || nftmodel.NFProtoIPv4 != unix.NFPROTO_IPV4 || nftmodel.NFProtoIPv6 != unix.NFPROTO_IPV6 {
-		t.Errorf("nftmodel's EventNewGen, NFProtoIPv4, NFProtoIPv6 = %d, %d, %d; the kernel's are %d, %d, %d",
-			nftmodel.EventNewGen, nftmodel.NFProtoIPv4, nftmodel.NFProtoIPv6, unix.NFT_MSG_NEWGEN, unix.NFPROTO_IPV4, unix.NFPROTO_IPV6)
+	if nftmodel.EventNewGen != unix.NFT_MSG_NEWGEN {
+		t.Errorf("nftmodel.EventNewGen = %d, the kernel's NFT_MSG_NEWGEN is %d", nftmodel.EventNewGen, unix.NFT_MSG_NEWGEN)
+	}
+	for nfproto, want := range map[uint8]nftmodel.Family{unix.NFPROTO_IPV4: nftmodel.IPv4, unix.NFPROTO_IPV6: nftmodel.IPv6} {
+		if f, ok := nftmodel.FamilyOf(nfproto); !ok || f != want {
+			t.Errorf("FamilyOf(%d) = %v, %v; want %v", nfproto, f, ok, want)
+		}
+	}
+	if _, ok := nftmodel.FamilyOf(unix.NFPROTO_INET); ok {
+		t.Error("FamilyOf(NFPROTO_INET) is a family of the model")
 	}
 }
