@@ -3,13 +3,16 @@ package kubeproxy
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -149,13 +152,48 @@ func restore(t *testing.T, ns *netns.NS, tool, input string) {
 	}
 }
 
+// cleanupWithPath runs CleanupIPTables in ns with PATH set to path, as
+// nftproxy's image has it (no iptables tools) or as a host has it.
+func cleanupWithPath(t *testing.T, ns *netns.NS, path string) ([]string, *observer.ObservedLogs) {
+	t.Helper()
+	lib, err := ns.NFT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lib.CloseLasting() }()
+	core, logs := observer.New(zap.InfoLevel)
+	old := os.Getenv("PATH")
+	os.Setenv("PATH", path)
+	defer os.Setenv("PATH", old)
+	var removed []string
+	err = ns.Do(func() error {
+		// Children inherit the locked thread's namespace.
+		var err error
+		removed, err = CleanupIPTables(context.Background(), lib, zap.New(core))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return removed, logs
+}
+
 // TestCleanupInNamespace loads kube-proxy's and kubelet's chains beside
 // another program's, in one iptables backend, plus kube-proxy's nftables
 // tables beside another's, into a fresh namespace; the cleanup removes
-// exactly kube-proxy's, and a second run finds nothing to do.
+// exactly kube-proxy's, and a second run finds nothing to do. The nft
+// backend's are removed over netlink with no iptables tool on the PATH;
+// the legacy backend's with its tools, and without them they stay and one
+// warning names the tables.
 func TestCleanupInNamespace(t *testing.T) {
-	for _, backend := range []string{"legacy", "nft"} {
-		t.Run(backend, func(t *testing.T) {
+	noTools := t.TempDir()
+	for _, tc := range []struct{ name, backend, path string }{
+		{"legacy", "legacy", os.Getenv("PATH")},
+		{"nft", "nft", noTools},
+		{"legacy-without-tools", "legacy", noTools},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backend := tc.backend
 			for _, tool := range []string{"iptables-" + backend + "-restore", "nft"} {
 				if _, err := exec.LookPath(tool); err != nil {
 					t.Skipf("skipping: %s not installed (apt-get install iptables nftables)", tool)
@@ -165,24 +203,13 @@ func TestCleanupInNamespace(t *testing.T) {
 			restore(t, ns, "iptables-"+backend+"-restore", kubeProxyIPv4)
 			restore(t, ns, "ip6tables-"+backend+"-restore", kubeProxyIPv6)
 			restore(t, ns, "nft", otherTables)
-			before4 := iptablesSave(t, ns, "iptables-"+backend+"-save")
-			before6 := iptablesSave(t, ns, "ip6tables-"+backend+"-save")
+			saves := []string{"iptables-" + backend + "-save", "ip6tables-" + backend + "-save"}
+			before := map[string]string{}
+			for _, tool := range saves {
+				before[tool] = iptablesSave(t, ns, tool)
+			}
 
-			lib, err := ns.NFT()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = lib.CloseLasting() }()
-			var removed []string
-			err = ns.Do(func() error {
-				// Children inherit the locked thread's namespace.
-				var err error
-				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			removed, logs := cleanupWithPath(t, ns, tc.path)
 			conn, err := nftmodel.Dial(ns.Fd())
 			if err != nil {
 				t.Fatal(err)
@@ -190,6 +217,30 @@ func TestCleanupInNamespace(t *testing.T) {
 			defer func() { _ = conn.CloseLasting() }()
 			if err := DeleteTables(conn); err != nil {
 				t.Fatal(err)
+			}
+			tables, err := ns.Exec("nft", "list", "tables")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(tables, "kube-proxy") || !strings.Contains(tables, "table inet other") {
+				t.Errorf("nftables tables after the cleanup:\n%s", tables)
+			}
+
+			if tc.path == noTools && backend == "legacy" {
+				if len(removed) != 0 {
+					t.Errorf("removed %q without the tools", removed)
+				}
+				warned := logs.FilterMessageSnippet("legacy iptables chains may be left").All()
+				if len(warned) != 1 || fmt.Sprint(warned[0].ContextMap()["tables"]) !=
+					"[iptables-legacy filter iptables-legacy mangle iptables-legacy nat ip6tables-legacy filter ip6tables-legacy mangle ip6tables-legacy nat]" {
+					t.Errorf("warnings %+v, want one naming the legacy tables", warned)
+				}
+				for _, tool := range saves {
+					if after := iptablesSave(t, ns, tool); kept(after) != kept(before[tool]) || !strings.Contains(after, ":KUBE-SERVICES") {
+						t.Errorf("%s: changed without the tools:\n%s", tool, after)
+					}
+				}
+				return
 			}
 
 			want := []string{
@@ -205,31 +256,19 @@ func TestCleanupInNamespace(t *testing.T) {
 			if len(removed) != 13+4 {
 				t.Errorf("removed %d chains, want 17: %q", len(removed), removed)
 			}
-			for tool, before := range map[string]string{"iptables-" + backend + "-save": before4, "ip6tables-" + backend + "-save": before6} {
-				if diff := cmp.Diff(kept(before), kept(iptablesSave(t, ns, tool))); diff != "" {
+			for _, tool := range saves {
+				after := iptablesSave(t, ns, tool)
+				if diff := cmp.Diff(kept(before[tool]), kept(after)); diff != "" {
 					t.Errorf("%s: other chains and rules changed (-want +got):\n%s", tool, diff)
 				}
-				if after := iptablesSave(t, ns, tool); strings.Contains(strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "").Replace(after), "KUBE-") {
+				if strings.Contains(strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "").Replace(after), "KUBE-") {
 					t.Errorf("%s: kube-proxy's chains left:\n%s", tool, after)
 				}
 			}
-			tables, err := ns.Exec("nft", "list", "tables")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.Contains(tables, "kube-proxy") || !strings.Contains(tables, "table inet other") {
-				t.Errorf("nftables tables after the cleanup:\n%s", tables)
-			}
 
-			// Nothing left to do: no tool runs for the nft backend, and the
-			// legacy one finds nothing.
-			err = ns.Do(func() error {
-				var err error
-				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
-				return err
-			})
-			if err != nil || len(removed) != 0 {
-				t.Errorf("second cleanup: removed %q, error %v", removed, err)
+			// Nothing left to do.
+			if removed, _ = cleanupWithPath(t, ns, tc.path); len(removed) != 0 {
+				t.Errorf("second cleanup: removed %q", removed)
 			}
 		})
 	}
