@@ -240,10 +240,12 @@ func (p *prober) finish() (ok, fail int, gap time.Duration) {
 // API server) in a node namespace in nftables mode and in iptables mode on
 // both backends until a ClusterIP and a NodePort answer, opens a long-lived
 // connection through the NodePort, stops kube-proxy and starts nftproxy
-// with --cleanup-kube-proxy: kube-proxy's rules are gone, nftproxy's serve
-// the same Services, the connection still carries data, and new connections
-// (probed every 20 ms) never fail for more than one sync. Then the way back:
-// kube-proxy started again, `nftproxy cleanup`, traffic flows.
+// with --cleanup-kube-proxy (with no iptables tool on its PATH, as in its
+// image, but for the legacy backend): kube-proxy's rules are gone,
+// nftproxy's serve the same Services, the connection still carries data,
+// and new connections (probed every 20 ms) never fail for more than one
+// sync. Then the way back: kube-proxy started again, `nftproxy cleanup`,
+// traffic flows.
 func TestMigrateFromKubeProxy(t *testing.T) {
 	if binary == "" {
 		t.Skip("needs root and network namespaces: " + netns.Usable())
@@ -317,6 +319,11 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 		"--min-sync-period", "100ms", "--cleanup-kube-proxy", "-v", "2"}
+	if mode != "iptables-legacy" {
+		// As in nftproxy's image: no iptables tools. The nft backend's
+		// chains go over netlink.
+		s.daemonEnv = []string{"PATH=" + t.TempDir()}
+	}
 	s.startDaemon()
 	t.Logf("nftproxy's first sync %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
 	if left := kubeProxyRules(t, s.topo.Node); left != "" {
@@ -338,8 +345,13 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	if gap > time.Second {
 		t.Errorf("new connections failed for %s during the switch", gap)
 	}
-	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") {
+	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") ||
+		strings.Contains(s.d.Log(), "legacy iptables chains may be left") {
 		t.Errorf("iptables cleanup failed:\n%s", s.d.Log())
+	}
+	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok &&
+		!strings.Contains(s.d.Log(), `"msg":"Removed kube-proxy's iptables chains","backend":"iptables-`+backend+`"`) {
+		t.Errorf("no log of kube-proxy's %s chains removed:\n%s", mode, s.d.Log())
 	}
 
 	// The way back: kube-proxy again beside nftproxy's rules, then nftproxy's go.
