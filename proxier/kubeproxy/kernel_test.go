@@ -139,7 +139,7 @@ func iptablesSave(t *testing.T, ns *netns.NS, tool string) string {
 	return string(out)
 }
 
-func restore(t *testing.T, ns *netns.NS, tool, input string) {
+func restore(t testing.TB, ns *netns.NS, tool, input string) {
 	t.Helper()
 	args := []string{"netns", "exec", ns.Name(), tool}
 	if tool == "nft" {
@@ -335,4 +335,60 @@ func sortedLines(s string) string {
 	lines := strings.Fields(strings.ReplaceAll(s, "table ", "table_"))
 	slices.Sort(lines)
 	return fmt.Sprint(lines)
+}
+
+// kubeProxyServices is iptables-restore input for what kube-proxy's
+// iptables mode writes for n ClusterIP services of two endpoints each: per
+// service a KUBE-SVC chain and two KUBE-SEP chains, with the rules joining
+// them.
+func kubeProxyServices(n int) string {
+	var b strings.Builder
+	b.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
+	for i := range n {
+		fmt.Fprintf(&b, ":KUBE-SVC-%016X - [0:0]\n:KUBE-SEP-%016XA - [0:0]\n:KUBE-SEP-%016XB - [0:0]\n", i, i, i)
+	}
+	b.WriteString("-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A POSTROUTING -j KUBE-POSTROUTING\n")
+	b.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
+	for i := range n {
+		ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-%016X\n", ip, i)
+		fmt.Fprintf(&b, "-A KUBE-SVC-%016X -m statistic --mode random --probability 0.5 -j KUBE-SEP-%016XA\n", i, i)
+		fmt.Fprintf(&b, "-A KUBE-SVC-%016X -j KUBE-SEP-%016XB\n", i, i)
+		for _, e := range []string{"A", "B"} {
+			fmt.Fprintf(&b, "-A KUBE-SEP-%016X%s -s 10.244.%d.%d/32 -j KUBE-MARK-MASQ\n", i, e, i/250, i%250+1)
+			fmt.Fprintf(&b, "-A KUBE-SEP-%016X%s -p tcp -m tcp -j DNAT --to-destination 10.244.%d.%d:8080\n", i, e, i/250, i%250+1)
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// BenchmarkCleanupNFT removes the iptables-nft chains kube-proxy leaves
+// for 1,000 and 5,000 services (3 chains, 7 rules each) over netlink.
+func BenchmarkCleanupNFT(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			input := kubeProxyServices(n)
+			for b.Loop() {
+				b.StopTimer()
+				ns := netns.New(b, "kpb")
+				restore(b, ns, "iptables-nft-restore", input)
+				lib, err := ns.NFT()
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				removed, err := CleanupNFT(lib)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(removed) != 3*n+3 {
+					b.Fatalf("removed %d chains, want %d", len(removed), 3*n+3)
+				}
+				_ = lib.CloseLasting()
+				b.StartTimer()
+			}
+		})
+	}
 }
