@@ -97,22 +97,7 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 	env := os.Environ()
 	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok {
 		kpMode = "iptables"
-		links := filepath.Join(dir, "bin")
-		if err := os.Mkdir(links, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, fam := range []string{"iptables", "ip6tables"} {
-			for _, suffix := range []string{"", "-save", "-restore"} {
-				target, err := exec.LookPath(fam + "-" + backend + suffix)
-				if err != nil {
-					t.Skipf("skipping: %v", err)
-				}
-				if err := os.Symlink(target, filepath.Join(links, fam+suffix)); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		env = append(env, "PATH="+links+":"+os.Getenv("PATH"))
+		env = append(env, "PATH="+iptablesTools(t, backend)+":"+os.Getenv("PATH"))
 	}
 	cfg := filepath.Join(dir, "kube-proxy.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, kubeProxyConfig, kpMode, kubeconfig, clusterNode), 0o644); err != nil {
@@ -134,6 +119,43 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 		}
 	})
 	return k
+}
+
+// iptablesTools returns a directory in which iptables, iptables-save,
+// iptables-restore and the ip6tables ones are backend's ("nft" or
+// "legacy"), and nft is nft.
+func iptablesTools(t *testing.T, backend string) string {
+	t.Helper()
+	links := t.TempDir()
+	link := func(name, tool string) {
+		target, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("skipping: %v", err)
+		}
+		if err := os.Symlink(target, filepath.Join(links, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			link(fam+suffix, fam+"-"+backend+suffix)
+		}
+	}
+	link("nft", "nft")
+	return links
+}
+
+// kubeProxyCleanup runs kube-proxy's own `kube-proxy --cleanup` in ns, as
+// from its image: with the iptables tools of backend. Its PATH has nothing
+// else, so that it skips its IPVS clean-up (which starts with `modprobe
+// ip_vs`, a change to the host).
+func kubeProxyCleanup(t *testing.T, ns *netns.NS, bin, backend string) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns.Name(), bin, "--cleanup", "--v", "2")
+	cmd.Env = []string{"PATH=" + iptablesTools(t, backend)}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy --cleanup: %v:\n%s", err, out)
+	}
 }
 
 // adminKubeconfig writes a copy of the admin kubeconfig that goes through
@@ -255,15 +277,21 @@ func TestMigrateFromKubeProxy(t *testing.T) {
 		t.Skipf("skipping: kube-proxy not built (%v); build it with e2e/apiserver/build.sh or `make k8s-bins`", err)
 	}
 	env := newClusterEnv(t)
-	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
+	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy", "iptables-legacy-without-tools"} {
 		t.Run(mode, func(t *testing.T) { testMigrate(t, env, kp, mode, i) })
 	}
 }
 
+// testMigrate runs one migration; mode is kube-proxy's (see startKubeProxy),
+// and "iptables-legacy-without-tools" is iptables-legacy with nftproxy run
+// without the legacy tools, as from its image: kube-proxy's legacy chains
+// stay, nftproxy says so, and kube-proxy's own `kube-proxy --cleanup`, the
+// documented workaround, removes them after the switch.
 func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	s := &clusterScenario{t: t, env: env, ns: "migrate-" + strings.ReplaceAll(mode, "-", ""), ctx: ctx}
+	mode, noTools := strings.CutSuffix(mode, "-without-tools")
 	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace %s: %v", s.ns, err)
@@ -319,13 +347,26 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 		"--min-sync-period", "100ms", "--cleanup-kube-proxy", "-v", "2"}
-	if mode != "iptables-legacy" {
+	if mode != "iptables-legacy" || noTools {
 		// As in nftproxy's image: no iptables tools. The nft backend's
 		// chains go over netlink.
 		s.daemonEnv = []string{"PATH=" + t.TempDir()}
 	}
 	s.startDaemon()
 	t.Logf("nftproxy's first sync %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
+	if noTools {
+		if left := kubeProxyRules(t, s.topo.Node); !strings.Contains(left, "iptables-legacy-save :KUBE-SVC-") {
+			t.Errorf("without the legacy tools, kube-proxy's legacy chains went:\n%s", left)
+		}
+		if !strings.Contains(s.d.Log(), "legacy iptables chains may be left") || !strings.Contains(s.d.Log(), `"iptables-legacy nat"`) {
+			t.Errorf("no warning naming the legacy tables left:\n%s", s.d.Log())
+		}
+		if err := s.answeredBy(vip, names); err != nil {
+			t.Error(err)
+		}
+		kubeProxyCleanup(t, s.topo.Node, kpBinary, "legacy")
+		t.Logf("kube-proxy --cleanup removed the legacy chains %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
+	}
 	if left := kubeProxyRules(t, s.topo.Node); left != "" {
 		t.Errorf("kube-proxy's rules left after nftproxy's first sync:\n%s", left)
 	}
@@ -345,11 +386,16 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	if gap > time.Second {
 		t.Errorf("new connections failed for %s during the switch", gap)
 	}
+	for _, l := range strings.Split(s.d.Log(), "\n") {
+		if strings.Contains(l, "kube-proxy's") || strings.Contains(l, "Kube-proxy's") {
+			t.Logf("nftproxy: %s", l)
+		}
+	}
 	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") ||
-		strings.Contains(s.d.Log(), "legacy iptables chains may be left") {
+		!noTools && strings.Contains(s.d.Log(), "legacy iptables chains may be left") {
 		t.Errorf("iptables cleanup failed:\n%s", s.d.Log())
 	}
-	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok &&
+	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok && !noTools &&
 		!strings.Contains(s.d.Log(), `"msg":"Removed kube-proxy's iptables chains","backend":"iptables-`+backend+`"`) {
 		t.Errorf("no log of kube-proxy's %s chains removed:\n%s", mode, s.d.Log())
 	}
