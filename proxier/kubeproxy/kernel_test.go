@@ -2,6 +2,7 @@ package kubeproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -390,5 +392,42 @@ func BenchmarkCleanupNFT(b *testing.B) {
 				b.StartTimer()
 			}
 		})
+	}
+}
+
+// TestApplyNFTStaleGeneration: a batch planned before another program's
+// commit is refused as a whole with ERESTART (which CleanupNFT retries),
+// and changes nothing.
+func TestApplyNFTStaleGeneration(t *testing.T) {
+	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
+		t.Skip("skipping: iptables-nft-restore not installed (apt-get install iptables)")
+	}
+	ns := netns.New(t, "kps")
+	restore(t, ns, "iptables-nft-restore", kubeProxyIPv4)
+	lib, err := ns.NFT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lib.CloseLasting() }()
+	gen, err := lib.GetGen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	listing, err := ListNFT(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := iptablesSave(t, ns, "iptables-nft-save")
+	restore(t, ns, "nft", "add table inet someone\n")
+	err = applyNFT(lib, PlanNFT(listing), gen.ID)
+	if !errors.Is(err, unix.ERESTART) {
+		t.Fatalf("applyNFT with a stale generation: %v, want ERESTART", err)
+	}
+	if after := iptablesSave(t, ns, "iptables-nft-save"); kept(after) != kept(before) || !strings.Contains(after, ":KUBE-SERVICES") {
+		t.Errorf("a refused batch changed the ruleset:\n%s", after)
+	}
+	removed, err := CleanupNFT(lib)
+	if err != nil || len(removed) != 13 {
+		t.Errorf("CleanupNFT after the refusal: removed %d chains (%v), want 13", len(removed), err)
 	}
 }
