@@ -9,17 +9,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/proxier/kubeproxy"
 )
 
 // kubeProxy is the real kube-proxy running in a node namespace.
@@ -204,6 +208,38 @@ func kubeProxyRules(t *testing.T, ns *netns.NS) string {
 	return b.String()
 }
 
+// savedWithoutKubeProxy returns tool's iptables-save output in ns without
+// comment lines, counters, kube-proxy's chains, their rules and the rules
+// jumping or going to them: what removing kube-proxy's chains must leave
+// as it was.
+func savedWithoutKubeProxy(t *testing.T, ns *netns.NS, tool string) string {
+	t.Helper()
+	out, err := ns.Exec(tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := regexp.MustCompile(` \[\d+:\d+\]$`)
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(l, "#"):
+			continue
+		case strings.HasPrefix(l, ":") && kubeproxy.IsChain(f[0][1:]):
+			continue
+		case f[0] == "-A" && len(f) > 1:
+			if kubeproxy.IsChain(f[1]) {
+				continue
+			}
+			if i := max(slices.Index(f, "-j"), slices.Index(f, "-g")); i > 0 && i+1 < len(f) && kubeproxy.IsChain(f[i+1]) {
+				continue
+			}
+		}
+		fmt.Fprintln(&b, counters.ReplaceAllString(l, ""))
+	}
+	return b.String()
+}
+
 // prober opens a new connection to addr every 20 ms and records the
 // failures.
 type prober struct {
@@ -343,6 +379,14 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 
 	// The switch.
 	k.stop()
+	saves := []string{"iptables-nft-save", "ip6tables-nft-save"}
+	if mode == "iptables-legacy" && !noTools {
+		saves = append(saves, "iptables-legacy-save", "ip6tables-legacy-save")
+	}
+	others := map[string]string{}
+	for _, tool := range saves {
+		others[tool] = savedWithoutKubeProxy(t, s.topo.Node, tool)
+	}
 	start := time.Now()
 	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
@@ -369,6 +413,11 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	}
 	if left := kubeProxyRules(t, s.topo.Node); left != "" {
 		t.Errorf("kube-proxy's rules left after nftproxy's first sync:\n%s", left)
+	}
+	for _, tool := range saves {
+		if diff := cmp.Diff(others[tool], savedWithoutKubeProxy(t, s.topo.Node, tool)); diff != "" {
+			t.Errorf("%s: the cleanup changed more than kube-proxy's chains and the jumps to them (-before +after):\n%s", tool, diff)
+		}
 	}
 	if err := s.answeredBy(vip, names); err != nil {
 		t.Error(err)
