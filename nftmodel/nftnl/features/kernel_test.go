@@ -13,13 +13,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
-var bothFamilies = []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6}
+var bothFamilies = []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6}
 
 // Every probe passes on this kernel in a fresh namespace, leaves no table
 // behind and leaves another program's table as it was.
@@ -141,15 +141,15 @@ func TestProbesProgramWhatTheyName(t *testing.T) {
 func TestProbeTableGoesWithItsSocket(t *testing.T) {
 	ns := netns.New(t, "npfeat")
 	p := NewProber(ns.Fd(), bothFamilies...)
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.Fd()})
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := p.encode(p.tableName(), true, NATChains.program)
+	raw, err := p.batch(p.tableName(), true, NATChains.program)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := send(conn, msgs); err != nil {
+	if err := raw.Send(conn); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := ns.Exec("nft", "list", "tables"); err != nil || strings.Count(out, "nftproxy-probe-") != 2 {

@@ -9,6 +9,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // The features nftproxy's ruleset and flow cleanup use. MinKernel is the
@@ -96,7 +98,7 @@ func (b *build) natChains() (pre, out, post *nftables.Chain) {
 	return pre, out, post
 }
 
-func (b *build) ipv6() bool { return b.family == nftables.TableFamilyIPv6 }
+func (b *build) ipv6() bool { return b.family == nftmodel.IPv6 }
 
 func (b *build) addrLen() uint32 {
 	if b.ipv6() {
@@ -308,15 +310,26 @@ func programDNATMap(b *build) error {
 	}
 	m := &nftables.Set{Table: b.t, Name: "endpoints", KeyType: key, DataType: data, IsMap: true}
 	port := pad4(binary.BigEndian.AppendUint16(nil, 8080))
-	if err := b.c.AddSet(m, []nftables.SetElement{
+	// Declared as nftproxy declares it, so that the kernel is asked to keep
+	// as many bytes of user data as nftproxy's map carries:
+	//	typeof ip daddr . meta l4proto . th dport . numgen random mod 65536 : ip daddr . th dport
+	addr := nftmodel.TypeIPv4Addr
+	if b.ipv6() {
+		addr = nftmodel.TypeIPv6Addr
+	}
+	decl := &nftmodel.Set{Name: m.Name,
+		Key:  []nftmodel.DataType{addr, nftmodel.TypeInetProto, nftmodel.TypeInetService, nftmodel.TypeInteger},
+		Data: []nftmodel.DataType{addr, nftmodel.TypeInetService},
+		Typeof: &nftmodel.Typeof{Key: []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldL4Proto, nftmodel.FieldTHDport},
+			KeyNumgen: 65536, Data: []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldTHDport}}}
+	if err := b.raw.AddTypeofSet(b.family, m, []nftables.SetElement{
 		{Key: append(b.serviceKeyBytes(), hostU32(0)...), Val: append(b.addr(), port...)},
 		{Key: append(b.serviceKeyBytes(), hostU32(1)...), Val: append(b.addr(), port...)},
-	}); err != nil {
+	}, decl); err != nil {
 		return err
 	}
-	b.userData[m.Name] = endpointsTypeof(b.ipv6())
 	load, words := b.serviceKey()
-	nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(b.family), RegAddrMin: 1, RegProtoMin: reg(b.addrLen() / 4)}
+	nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(b.t.Family), RegAddrMin: 1, RegProtoMin: reg(b.addrLen() / 4)}
 	b.rule(pre, append(load,
 		&expr.Numgen{Register: reg(words), Modulus: 2, Type: unix.NFT_NG_RANDOM},
 		&expr.Lookup{SourceRegister: 1, SetName: m.Name, IsDestRegSet: true, DestRegister: 1},

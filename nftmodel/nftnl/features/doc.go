@@ -7,11 +7,14 @@
 // nftables probes program the objects nftproxy programs (base chains of both
 // types on every hook it uses, numgen, fib, concatenated and typeof set keys
 // with user data, timeouts, verdict maps, ct expressions, DNAT from a map) in
-// a table of their own with a unique name, in one batch that adds the table
-// and deletes it again: the kernel checks every object while preparing the
-// batch, and the table is gone when the batch commits, whatever happens to
-// the prober afterwards. No other table is read or touched.
+// a table of their own per family, with a unique name, owned by the probe's
+// socket: one batch commits it, so that the kernel runs its commit-time
+// checks too, and a second deletes it. No other table is read or touched.
 //
-// The package depends on google/nftables, ti-mo/conntrack, mdlayher/netlink
-// and x/sys only, so that it can run before anything else of nftproxy does.
+// The package lives under nftnl because its probes describe those objects
+// in google/nftables' terms, below what the model can say (and some on
+// purpose outside it, to see a refusal); nftnl encodes and sends them
+// (RawBatch), with its typeof user data and its naming of a refused message.
+// Change notifications are watched with nftnl's Watcher; conntrack is probed
+// with ti-mo/conntrack.
 package features
