@@ -7,7 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
-	"github.com/nftproxy/nftproxy/nftmodel/nftnl/features"
+	"github.com/nftproxy/nftproxy/nftmodel/features"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 

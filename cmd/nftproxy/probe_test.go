@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
-	"github.com/nftproxy/nftproxy/nftmodel/nftnl/features"
+	"github.com/nftproxy/nftproxy/nftmodel/features"
 )
 
 // stubProbe replaces the kernel probe for one test.

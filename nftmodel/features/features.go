@@ -40,9 +40,9 @@ type Feature struct {
 	Name string
 	// MinKernel is the first Linux release that has the feature.
 	MinKernel string
-	// program queues the feature's objects into a probe table (nftables
+	// program describes the feature's objects in a probe table (nftables
 	// features); run probes anything else.
-	program func(b *build) error
+	program func(b *build)
 	run     func(p *Prober) error
 }
 

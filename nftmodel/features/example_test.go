@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
-	"github.com/nftproxy/nftproxy/nftmodel/nftnl/features"
+	"github.com/nftproxy/nftproxy/nftmodel/features"
 )
 
 // Probing the caller's network namespace for what an IPv4 ruleset and the

@@ -25,7 +25,7 @@ func probeNotifications(p *Prober) error {
 		return err
 	}
 	name := p.tableName()
-	progErr := p.programTable(name, func(*build) error { return nil }, false)
+	progErr := p.programTable(name, func(*build) {}, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if progErr != nil {
