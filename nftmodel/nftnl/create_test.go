@@ -1,7 +1,6 @@
 package nftnl
 
 import (
-	"encoding/binary"
 	"slices"
 	"testing"
 
@@ -42,7 +41,7 @@ func TestCreateAndDrop(t *testing.T) {
 		if got := msgTypes(batches[0]); !slices.Equal(got, want) {
 			t.Errorf("Create sent %v, want Apply's %v", got, want)
 		}
-		if got := tableFlags(t, batches[0][1]); (got&nftables.TableFlagOwner != 0) != owned {
+		if got := u32Attr(t, batches[0][1], unix.NFTA_TABLE_FLAGS); (got&uint32(nftables.TableFlagOwner) != 0) != owned {
 			t.Errorf("owned %v: table flags %#x", owned, got)
 		}
 	}
@@ -53,18 +52,4 @@ func TestCreateAndDrop(t *testing.T) {
 	if len(batches) != 1 || !slices.Equal(msgTypes(batches[0]), []string{"BEGIN", "DELTABLE", "END"}) {
 		t.Errorf("Drop sent %v, want one batch deleting the table", batches)
 	}
-}
-
-func tableFlags(t *testing.T, m netlink.Message) nftables.TableFlags {
-	t.Helper()
-	attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range attrs {
-		if a.Type == unix.NFTA_TABLE_FLAGS {
-			return nftables.TableFlags(binary.BigEndian.Uint32(a.Data))
-		}
-	}
-	return 0
 }
