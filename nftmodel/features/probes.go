@@ -24,7 +24,7 @@ var (
 		program: func(b *build) { b.natChains() }}
 	Matches = &Feature{Name: "address, meta l4proto, iifname and mark matches, meta mark set and rule comments",
 		MinKernel: "5.3", program: programMatches}
-	// The keys hold th dport.
+	// nftproxy matches th dport only in keys, so it is probed here.
 	ConcatMaps = &Feature{Name: "verdict maps and sets with concatenated keys and element comments", MinKernel: "4.1",
 		program: programConcatMaps}
 	Numgen = &Feature{Name: "numgen random with an anonymous verdict map", MinKernel: "4.9", program: programNumgen}
