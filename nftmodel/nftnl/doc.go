@@ -1,7 +1,8 @@
 // Package nftnl is nftproxy's side of the kernel for nftables: it writes an
 // nftmodel ruleset, or the changes between two, as one netlink batch (Apply,
-// ApplyChanges), reads a table back into the model (Read), and reports the
-// namespace's nftables notifications (Watch).
+// ApplyChanges), or a new table without reading the kernel first (Create,
+// for the feature probes, and Drop), reads a table back into the model
+// (Read), and reports the namespace's nftables notifications (Watch).
 //
 // google/nftables encodes tables, chains, rules and sets (captured without
 // sending, see libEncoder), set elements are encoded straight into the
