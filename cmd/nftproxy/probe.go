@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/nftables"
 	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -16,7 +15,7 @@ import (
 // every feature the ruleset of the families and the flow cleanup use, so
 // that a missing one stops the daemon with its name and minimum kernel
 // instead of failing the first sync. Tests replace it.
-var probeKernel = func(families []nftables.TableFamily, conntrack bool) error {
+var probeKernel = func(families []nftmodel.Family, conntrack bool) error {
 	fs := features.Ruleset()
 	if conntrack {
 		fs = append(fs, features.ConntrackNetlink)
@@ -26,13 +25,9 @@ var probeKernel = func(families []nftables.TableFamily, conntrack bool) error {
 
 // checkKernel probes the kernel for what cfgs will program.
 func checkKernel(cfgs []proxier.Config, conntrack bool, log *zap.Logger) error {
-	fams := make([]nftables.TableFamily, 0, len(cfgs))
+	fams := make([]nftmodel.Family, 0, len(cfgs))
 	for _, c := range cfgs {
-		if c.Family == nftmodel.IPv6 {
-			fams = append(fams, nftables.TableFamilyIPv6)
-		} else {
-			fams = append(fams, nftables.TableFamilyIPv4)
-		}
+		fams = append(fams, c.Family)
 	}
 	start := time.Now()
 	if err := probeKernel(fams, conntrack); err != nil {

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/nftmodel/features"
 )
 
 // stubProbe replaces the kernel probe for one test.
-func stubProbe(t *testing.T, probe func([]nftables.TableFamily, bool) error) {
+func stubProbe(t *testing.T, probe func([]nftmodel.Family, bool) error) {
 	t.Helper()
 	saved := probeKernel
 	probeKernel = probe
@@ -23,9 +23,9 @@ func stubProbe(t *testing.T, probe func([]nftables.TableFamily, bool) error) {
 // naming it and its minimum kernel, before it binds, writes or programs
 // anything (the servers' ports would be taken otherwise: this needs no root).
 func TestRunRefusesAKernelWithoutAFeature(t *testing.T) {
-	var gotFams []nftables.TableFamily
+	var gotFams []nftmodel.Family
 	var gotConntrack bool
-	stubProbe(t, func(fams []nftables.TableFamily, conntrack bool) error {
+	stubProbe(t, func(fams []nftmodel.Family, conntrack bool) error {
 		gotFams, gotConntrack = fams, conntrack
 		return &features.UnsupportedError{Feature: features.Numgen.Name, MinKernel: features.Numgen.MinKernel,
 			Err: unix.ENOENT}
@@ -43,14 +43,14 @@ func TestRunRefusesAKernelWithoutAFeature(t *testing.T) {
 	if strings.Contains(err.Error(), "\n") {
 		t.Errorf("reason %q is not one line", err)
 	}
-	if len(gotFams) != 2 || gotFams[0] != nftables.TableFamilyIPv4 || gotFams[1] != nftables.TableFamilyIPv6 || !gotConntrack {
+	if len(gotFams) != 2 || gotFams[0] != nftmodel.IPv4 || gotFams[1] != nftmodel.IPv6 || !gotConntrack {
 		t.Errorf("probed families %v, conntrack %v; want ip and ip6, and conntrack (on by default)", gotFams, gotConntrack)
 	}
 }
 
 // dump and explain touch no kernel: they don't probe it either.
 func TestDumpAndExplainDoNotProbe(t *testing.T) {
-	stubProbe(t, func([]nftables.TableFamily, bool) error {
+	stubProbe(t, func([]nftmodel.Family, bool) error {
 		t.Error("the kernel was probed")
 		return nil
 	})

@@ -4,14 +4,17 @@
 // has it, a Prober runs each probe at most once and keeps its result, and a
 // missing feature is an *UnsupportedError matching ErrNotSupported.
 //
-// nftables probes program the objects nftproxy programs (base chains of both
-// types on every hook it uses, numgen, fib, concatenated and typeof set keys
-// with user data, timeouts, verdict maps, ct expressions, DNAT from a map) in
-// a table of their own with a unique name, in one batch that adds the table
-// and deletes it again: the kernel checks every object while preparing the
-// batch, and the table is gone when the batch commits, whatever happens to
-// the prober afterwards. No other table is read or touched.
+// nftables probes describe, as nftmodel rulesets, the objects nftproxy
+// programs (base chains of both types on every hook it uses, numgen, fib,
+// concatenated and typeof set keys with user data, timeouts, verdict maps,
+// ct expressions, DNAT from a map), and nftnl writes them as it writes
+// nftproxy's tables (nftnl.Create): the kernel is asked for exactly the
+// bytes nftproxy will send. Each probe's table has a unique name, one per
+// family, and is owned by the probe's socket where the kernel can (Linux
+// 5.12): its own batch commits it, so that the kernel runs its commit-time
+// checks too, and the socket's closing removes it (a second batch, on older
+// kernels). No other table is read or touched. Change notifications are
+// watched with nftnl's Watcher; conntrack is probed with ti-mo/conntrack.
 //
-// The package depends on google/nftables, ti-mo/conntrack, mdlayher/netlink
-// and x/sys only, so that it can run before anything else of nftproxy does.
+// Like everything outside nftnl, the package never touches google/nftables.
 package features

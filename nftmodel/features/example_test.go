@@ -4,15 +4,14 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/nftables"
-
+	"github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/nftmodel/features"
 )
 
 // Probing the caller's network namespace for what an IPv4 ruleset and the
 // conntrack cleanup need (root only, so this example is compiled, not run).
 func ExampleProber() {
-	p := features.NewProber(0, nftables.TableFamilyIPv4)
+	p := features.NewProber(0, nftmodel.IPv4)
 	err := p.Check(append(features.Ruleset(), features.ConntrackNetlink)...)
 	switch {
 	case errors.Is(err, features.ErrNotSupported):

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // ErrNotSupported matches every *UnsupportedError.
@@ -39,9 +40,9 @@ type Feature struct {
 	Name string
 	// MinKernel is the first Linux release that has the feature.
 	MinKernel string
-	// program queues the feature's objects into a probe table (nftables
+	// program describes the feature's objects in a probe table (nftables
 	// features); run probes anything else.
-	program func(b *build) error
+	program func(b *build)
 	run     func(p *Prober) error
 }
 
@@ -51,7 +52,7 @@ func (f *Feature) String() string { return f.Name }
 // once: a result, supported or not, is kept for the Prober's life.
 type Prober struct {
 	netns    int
-	families []nftables.TableFamily
+	families []nftmodel.Family
 
 	mu      sync.Mutex
 	results map[*Feature]error
@@ -61,9 +62,8 @@ type Prober struct {
 
 // NewProber returns a Prober for the network namespace whose descriptor is
 // netns (0: the caller's), probing nftables features in tables of the given
-// families (nftables.TableFamilyIPv4, ...IPv6): the families nftproxy will
-// program.
-func NewProber(netns int, families ...nftables.TableFamily) *Prober {
+// families: the families nftproxy will program.
+func NewProber(netns int, families ...nftmodel.Family) *Prober {
 	return &Prober{netns: netns, families: families, results: map[*Feature]error{}}
 }
 

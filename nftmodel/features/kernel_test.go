@@ -11,15 +11,13 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
-var bothFamilies = []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6}
+var bothFamilies = []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6}
 
 // Every probe passes on this kernel in a fresh namespace, leaves no table
 // behind and leaves another program's table as it was.
@@ -50,26 +48,23 @@ func TestProbesPassAndLeaveNothing(t *testing.T) {
 	}
 }
 
-// A feature the kernel lacks is refused with its name and minimum kernel,
-// whether the kernel refuses it while preparing the batch (an unknown chain
-// type) or while committing it (masquerade outside a nat postrouting
+// A feature the kernel lacks is refused with its name, its minimum kernel
+// and the object refused, whether the kernel refuses it while preparing the
+// batch (a nat chain on a hook nat has no chains on) or while committing it (masquerade outside a nat postrouting
 // chain, found by the hook check that a table deleted in the same batch
 // would skip), and its probe table is gone too.
 func TestMissingFeatureNamed(t *testing.T) {
 	ns := netns.New(t, "npfeat")
 	tests := []struct {
 		name, verb string
-		program    func(b *build) error
+		program    func(b *build)
 	}{
-		{"frobnicate chains", "add chain ip", func(b *build) error {
-			b.c.AddChain(&nftables.Chain{Name: "c", Table: b.t, Type: "frobnicate",
-				Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-			return nil
+		{"nat chains on forward", "add chain c", func(b *build) {
+			b.chain("c", nftmodel.TypeNAT, nftmodel.HookForward, prioFilter)
 		}},
-		{"masquerade on input", "add rule ip", func(b *build) error {
-			in := b.chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, prioFilter)
-			b.rule(in, &expr.Masq{})
-			return nil
+		{"masquerade on input", "add rule 1 to chain input", func(b *build) {
+			in := b.chain("input", nftmodel.TypeFilter, nftmodel.HookInput, prioFilter)
+			rule(in, nftmodel.Masquerade{})
 		}},
 	}
 	p := NewProber(ns.Fd(), bothFamilies...)
@@ -135,22 +130,21 @@ func TestProbesProgramWhatTheyName(t *testing.T) {
 	}
 }
 
-// A prober that dies between its two batches leaves nothing behind: the
+// A prober that dies between its batches leaves nothing behind: the
 // probe table is owned by the probe's socket, and the kernel removes it
 // when the socket closes.
 func TestProbeTableGoesWithItsSocket(t *testing.T) {
 	ns := netns.New(t, "npfeat")
 	p := NewProber(ns.Fd(), bothFamilies...)
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.Fd()})
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := p.encode(p.tableName(), true, NATChains.program)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := send(conn, msgs); err != nil {
-		t.Fatal(err)
+	name := p.tableName()
+	for _, fam := range bothFamilies {
+		if err := nftnl.Create(conn, p.ruleset(fam, name, NATChains.program), true); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if out, err := ns.Exec("nft", "list", "tables"); err != nil || strings.Count(out, "nftproxy-probe-") != 2 {
 		t.Fatalf("tables after the first batch: %q, %v; want the two probe tables", out, err)

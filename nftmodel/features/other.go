@@ -1,6 +1,7 @@
 package features
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -9,56 +10,47 @@ import (
 	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
-// probeNotifications listens to nftables notifications while a probe table
-// comes and goes, and looks for the table's creation among them. The
+// probeNotifications subscribes to nftables notifications, makes a probe
+// table come and go, and looks for the table's creation among them. The
 // kernel sends a commit's notifications before it answers the batch, so
 // they are waiting once the probe returns.
 func probeNotifications(p *Prober) error {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: p.netns})
+	w, err := nftnl.NewWatcher(p.netns)
 	if err != nil {
-		return fmt.Errorf("dial nftables netlink: %w", err)
-	}
-	defer func() { _ = conn.Close() }()
-	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
-		return fmt.Errorf("join nftables notification group: %w", err)
-	}
-	name := p.tableName()
-	if err := p.programTable(name, func(*build) error { return nil }, false); err != nil {
 		return err
 	}
-	if err := conn.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
-		return fmt.Errorf("set notification read deadline: %w", err)
+	name := p.tableName()
+	progErr := p.programTable(name, func(*build) {}, false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if progErr != nil {
+		cancel() // Run only closes the subscription
 	}
-	newTable := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWTABLE)
-	for {
-		msgs, err := conn.Receive()
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EWOULDBLOCK) || isTimeout(err) {
-			return fmt.Errorf("no notification of table %s: %w", name, errMissing)
-		}
-		if errors.Is(err, unix.ENOBUFS) {
-			// Other programs' notifications overflowed the socket while the
-			// probe ran: the group delivers.
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("receive nftables notifications: %w", err)
-		}
-		for _, m := range msgs {
-			if m.Header.Type != newTable || len(m.Data) < 4 {
-				continue
-			}
-			if got, ok := stringAttr(m.Data[4:], unix.NFTA_TABLE_NAME); ok && got == name {
-				return nil
+	seen := false
+	err = w.Run(ctx, func(events []nftmodel.Event) {
+		for _, e := range events {
+			// Lost: other programs' notifications overflowed the socket
+			// while the probe ran; the group delivers.
+			if e.Lost || e.Type == unix.NFT_MSG_NEWTABLE && e.Table == name {
+				seen = true
+				cancel()
 			}
 		}
+	})
+	switch {
+	case progErr != nil:
+		return progErr
+	case seen:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("no notification of table %s: %w", name, errMissing)
 	}
-}
-
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
+	return err
 }
 
 // probeConntrack asks conntrack netlink to delete a flow no one has (between

@@ -1,14 +1,12 @@
 package features
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // The features nftproxy's ruleset and flow cleanup use. MinKernel is the
@@ -19,13 +17,14 @@ import (
 // look for, not something a test has shown.
 var (
 	FilterChains = &Feature{Name: "filter base chains on prerouting, input, forward and output", MinKernel: "3.13",
-		program: func(b *build) error { b.filterChains(); return nil }}
+		program: func(b *build) { b.filterChains() }}
 	// Before 4.18 an nftables nat chain and iptables' nat table could not
 	// be used at once, which the migration from kube-proxy needs.
 	NATChains = &Feature{Name: "nat base chains on prerouting, output and postrouting", MinKernel: "4.18",
-		program: func(b *build) error { b.natChains(); return nil }}
-	Matches = &Feature{Name: "address, th dport, meta l4proto, iifname and mark matches, meta mark set and rule comments",
+		program: func(b *build) { b.natChains() }}
+	Matches = &Feature{Name: "address, meta l4proto, iifname and mark matches, meta mark set and rule comments",
 		MinKernel: "5.3", program: programMatches}
+	// nftproxy matches th dport only in keys, so it is probed here.
 	ConcatMaps = &Feature{Name: "verdict maps and sets with concatenated keys and element comments", MinKernel: "4.1",
 		program: programConcatMaps}
 	Numgen = &Feature{Name: "numgen random with an anonymous verdict map", MinKernel: "4.9", program: programNumgen}
@@ -63,286 +62,151 @@ const (
 	prioSourceNAT = 100
 )
 
-func (b *build) chain(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio int32) *nftables.Chain {
-	return b.c.AddChain(&nftables.Chain{Name: name, Table: b.t, Type: typ, Hooknum: hook,
-		Priority: nftables.ChainPriorityRef(nftables.ChainPriority(prio))})
+// build is one family's probe table while a feature describes it.
+type build struct{ rs *m.Ruleset }
+
+func (b *build) chain(name string, typ m.ChainType, hook m.Hook, prio int32) *m.Chain {
+	c := &m.Chain{Name: name, Base: &m.BaseChain{Type: typ, Hook: hook, Priority: prio}}
+	b.rs.Chains = append(b.rs.Chains, c)
+	return c
 }
 
-func (b *build) regular(name string) *nftables.Chain {
-	return b.c.AddChain(&nftables.Chain{Name: name, Table: b.t})
+func (b *build) regular(name string) *m.Chain {
+	c := &m.Chain{Name: name}
+	b.rs.Chains = append(b.rs.Chains, c)
+	return c
 }
 
-func (b *build) rule(c *nftables.Chain, exprs ...expr.Any) {
-	b.c.AddRule(&nftables.Rule{Table: b.t, Chain: c, Exprs: exprs})
-}
+func (b *build) set(s *m.Set) { b.rs.Sets = append(b.rs.Sets, s) }
+
+func rule(c *m.Chain, exprs ...m.Expr) { c.Rules = append(c.Rules, m.Rule{Exprs: exprs}) }
 
 // filterChains adds the filter base chains nftproxy has, and returns the
-// ones rules are put in: prerouting after DNAT, and output.
-func (b *build) filterChains() (pre, out *nftables.Chain) {
-	b.chain("pre-dnat", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, prioPreDNAT)
-	pre = b.chain("prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, prioPostDNAT)
-	b.chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, prioFilter)
-	b.chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, prioFilter)
-	b.chain("output-pre-dnat", nftables.ChainTypeFilter, nftables.ChainHookOutput, prioPreDNAT)
-	out = b.chain("output", nftables.ChainTypeFilter, nftables.ChainHookOutput, prioFilter)
-	return pre, out
+// ones rules are put in: prerouting after DNAT, forward and output.
+func (b *build) filterChains() (pre, fwd, out *m.Chain) {
+	b.chain("pre-dnat", m.TypeFilter, m.HookPrerouting, prioPreDNAT)
+	pre = b.chain("prerouting", m.TypeFilter, m.HookPrerouting, prioPostDNAT)
+	b.chain("input", m.TypeFilter, m.HookInput, prioFilter)
+	fwd = b.chain("forward", m.TypeFilter, m.HookForward, prioFilter)
+	b.chain("output-pre-dnat", m.TypeFilter, m.HookOutput, prioPreDNAT)
+	out = b.chain("output", m.TypeFilter, m.HookOutput, prioFilter)
+	return pre, fwd, out
 }
 
 // natChains adds the nat base chains and returns them.
-func (b *build) natChains() (pre, out, post *nftables.Chain) {
-	pre = b.chain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, prioDNAT)
-	out = b.chain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, prioDNAT)
-	post = b.chain("nat-postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, prioSourceNAT)
+func (b *build) natChains() (pre, out, post *m.Chain) {
+	pre = b.chain("nat-prerouting", m.TypeNAT, m.HookPrerouting, prioDNAT)
+	out = b.chain("nat-output", m.TypeNAT, m.HookOutput, prioDNAT)
+	post = b.chain("nat-postrouting", m.TypeNAT, m.HookPostrouting, prioSourceNAT)
 	return pre, out, post
 }
 
-func (b *build) ipv6() bool { return b.family == nftables.TableFamilyIPv6 }
-
-func (b *build) addrLen() uint32 {
-	if b.ipv6() {
-		return 16
+func (b *build) addrType() m.DataType {
+	if b.rs.Family == m.IPv6 {
+		return m.TypeIPv6Addr
 	}
-	return 4
-}
-
-func (b *build) addrType() nftables.SetDatatype {
-	if b.ipv6() {
-		return nftables.TypeIP6Addr
-	}
-	return nftables.TypeIPAddr
-}
-
-// daddrOffset is where the destination address starts in the network header
-// (the source address is addrLen before it).
-func (b *build) daddrOffset() uint32 {
-	if b.ipv6() {
-		return 24
-	}
-	return 16
+	return m.TypeIPv4Addr
 }
 
 // addr returns a documentation address of the family.
-func (b *build) addr() []byte {
-	if b.ipv6() {
-		return netip.MustParseAddr("2001:db8::1").AsSlice()
+func (b *build) addr() netip.Addr {
+	if b.rs.Family == m.IPv6 {
+		return netip.MustParseAddr("2001:db8::1")
 	}
-	return netip.MustParseAddr("192.0.2.1").AsSlice()
+	return netip.MustParseAddr("192.0.2.1")
 }
 
-// reg is the register nft names for a value starting offset 32-bit words
-// into the register file: 16-byte registers where aligned, else 32-bit ones.
-func reg(offset uint32) uint32 {
-	if offset%4 == 0 {
-		return unix.NFT_REG_1 + offset/4
-	}
-	return unix.NFT_REG32_00 + offset
+// The service key daddr . l4proto . th dport, its types and a value.
+var serviceKey = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+
+func (b *build) serviceKeyTypes() []m.DataType {
+	return []m.DataType{b.addrType(), m.TypeInetProto, m.TypeInetService}
 }
 
-func hostU32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
-
-func pad4(b []byte) []byte {
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
+func (b *build) serviceKeyValue() []m.Value {
+	return []m.Value{m.A(b.addr()), m.N(unix.IPPROTO_TCP), m.N(80)}
 }
 
-// serviceKey loads daddr . l4proto . th dport from register 1 on, as a
-// concatenation (each part in whole 32-bit words), and returns the number
-// of words it fills.
-func (b *build) serviceKey() ([]expr.Any, uint32) {
-	words := b.addrLen() / 4
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: b.daddrOffset(), Len: b.addrLen()},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(words)},
-		&expr.Payload{DestRegister: reg(words + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-	}, words + 2
-}
-
-// serviceKeyBytes is the concatenated key daddr . tcp . 80.
-func (b *build) serviceKeyBytes() []byte {
-	k := append(b.addr(), pad4([]byte{unix.IPPROTO_TCP})...)
-	return append(k, pad4(binary.BigEndian.AppendUint16(nil, 80))...)
-}
-
-func programMatches(b *build) error {
-	pre, _ := b.filterChains()
-	b.c.AddRule(&nftables.Rule{Table: b.t, Chain: pre, UserData: ruleComment("default/probe:http"), Exprs: []expr.Any{
-		// ip daddr 192.0.2.0/24
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: b.daddrOffset(), Len: 3},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b.addr()[:3]},
-		// meta l4proto tcp th dport 80
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, 80)},
-		// iifname "veth*"
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte("veth")},
-		// meta mark & 0x4000 == 0
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(0x4000), Xor: hostU32(0)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: hostU32(0)},
-		// meta mark set meta mark | 0x4000
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(^uint32(0x4000)), Xor: hostU32(0x4000)},
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true},
+func programMatches(b *build) {
+	pre, _, _ := b.filterChains()
+	pre.Rules = append(pre.Rules, m.Rule{Comment: "default/probe:http", Exprs: []m.Expr{
+		m.MatchPrefix{Field: m.FieldDaddr, Prefix: netip.PrefixFrom(b.addr(), 24).Masked()},
+		m.MatchL4Proto{Proto: unix.IPPROTO_TCP},
+		m.MatchIifname{Name: "veth*", Negate: true},
+		m.MatchMark{Mask: 0x4000, IsSet: false},
+		m.MarkOr{Bits: 0x4000},
 	}})
-	return nil
 }
 
-// ruleComment is a rule's user data holding a comment, as nft writes it.
-func ruleComment(s string) []byte {
-	return append([]byte{0, byte(len(s) + 1)}, append([]byte(s), 0)...)
-}
-
-func programConcatMaps(b *build) error {
+func programConcatMaps(b *build) {
 	pre, _, post := b.natChains()
 	target := b.regular("target")
-	b.rule(target, &expr.Verdict{Kind: expr.VerdictAccept})
-	key, err := nftables.ConcatSetType(b.addrType(), nftables.TypeInetProto, nftables.TypeInetService)
-	if err != nil {
-		return err
-	}
-	vmap := &nftables.Set{Table: b.t, Name: "service-ips", KeyType: key, DataType: nftables.TypeVerdict, IsMap: true}
-	if err := b.c.AddSet(vmap, []nftables.SetElement{{Key: b.serviceKeyBytes(), Comment: "default/probe:http",
-		VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: target.Name}}}); err != nil {
-		return err
-	}
-	load, _ := b.serviceKey()
-	b.rule(pre, append(load, &expr.Lookup{SourceRegister: 1, SetName: vmap.Name, IsDestRegSet: true, DestRegister: 0})...)
-
-	pairs, err := nftables.ConcatSetType(b.addrType(), b.addrType())
-	if err != nil {
-		return err
-	}
-	hairpin := &nftables.Set{Table: b.t, Name: "hairpin", KeyType: pairs}
-	if err := b.c.AddSet(hairpin, []nftables.SetElement{{Key: append(b.addr(), b.addr()...)}}); err != nil {
-		return err
-	}
-	words := b.addrLen() / 4
-	b.rule(post,
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: b.daddrOffset() - b.addrLen(), Len: b.addrLen()},
-		&expr.Payload{DestRegister: reg(words), Base: expr.PayloadBaseNetworkHeader, Offset: b.daddrOffset(), Len: b.addrLen()},
-		&expr.Lookup{SourceRegister: 1, SetName: hairpin.Name},
-		&expr.Verdict{Kind: expr.VerdictJump, Chain: target.Name})
-	return nil
+	rule(target, m.Verdict{Kind: m.Accept})
+	b.set(&m.Set{Name: "service-ips", Key: b.serviceKeyTypes(), Data: []m.DataType{m.TypeVerdict},
+		Elements: []m.Element{{Key: b.serviceKeyValue(), Comment: "default/probe:http",
+			Verdict: &m.Verdict{Kind: m.Goto, Chain: target.Name}}}})
+	rule(pre, m.VerdictMap{Key: serviceKey, Map: "service-ips"})
+	b.set(&m.Set{Name: "hairpin", Key: []m.DataType{b.addrType(), b.addrType()},
+		Elements: []m.Element{{Key: []m.Value{m.A(b.addr()), m.A(b.addr())}}}})
+	rule(post, m.MatchSet{Key: []m.Field{m.FieldSaddr, m.FieldDaddr}, Set: "hairpin"}, m.Verdict{Kind: m.Jump, Chain: target.Name})
 }
 
-func programNumgen(b *build) error {
+func programNumgen(b *build) {
 	pre, _, _ := b.natChains()
 	ep0, ep1 := b.regular("endpoint-0"), b.regular("endpoint-1")
-	// As nftproxy writes it: keys big-endian, the random number converted.
-	m := &nftables.Set{Table: b.t, Anonymous: true, Constant: true, IsMap: true,
-		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
-	var els []nftables.SetElement
-	for i, c := range []*nftables.Chain{ep0, ep1} {
-		els = append(els, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, uint32(i)),
-			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: c.Name}})
-	}
-	if err := b.c.AddSet(m, els); err != nil {
-		return err
-	}
-	b.rule(pre,
-		&expr.Numgen{Register: 1, Modulus: 2, Type: unix.NFT_NG_RANDOM},
-		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: 0})
-	return nil
+	rule(pre, m.NumgenGoto{Chains: []string{ep0.Name, ep1.Name}})
 }
 
-func programFib(b *build) error {
-	pre, out := b.filterChains()
-	const rtnLocal = 2
-	b.rule(pre,
-		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: hostU32(rtnLocal)})
-	b.rule(out,
-		&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: hostU32(rtnLocal)})
-	return nil
+func programFib(b *build) {
+	pre, _, out := b.filterChains()
+	rule(pre, m.MatchFibDaddrLocal{})
+	rule(out, m.MatchFibSaddrLocal{})
 }
 
-func programCt(b *build) error {
-	b.filterChains()
+func programCt(b *build) {
+	_, fwd, _ := b.filterChains()
 	_, _, post := b.natChains()
-	fwd := &nftables.Chain{Name: "forward", Table: b.t}
-	const ctStatusDNAT = 0x20
-	b.rule(fwd,
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(expr.CtStateBitINVALID), Xor: hostU32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: hostU32(0)},
-		&expr.Verdict{Kind: expr.VerdictDrop})
-	b.rule(post,
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: hostU32(ctStatusDNAT), Xor: hostU32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: hostU32(0)},
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: hostU32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: hostU32(0)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: hostU32(0)})
-	return nil
+	rule(fwd, m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop})
+	rule(post, m.MatchCtStatusDNAT{}, m.MatchCtStateEstablished{Negate: true})
 }
 
-func programTimeouts(b *build) error {
+func programTimeouts(b *build) {
 	pre, _, _ := b.natChains()
-	affinity := &nftables.Set{Table: b.t, Name: "affinity", KeyType: b.addrType(), KeyByteOrder: binaryutil.BigEndian,
-		HasTimeout: true, Timeout: 3 * time.Hour, Dynamic: true, Size: 65535}
-	if err := b.c.AddSet(affinity, nil); err != nil {
-		return err
-	}
-	saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: b.daddrOffset() - b.addrLen(), Len: b.addrLen()}
-	b.rule(pre, saddr, &expr.Dynset{SrcRegKey: 1, SetName: affinity.Name, Operation: unix.NFT_DYNSET_OP_UPDATE})
-	b.rule(pre, saddr, &expr.Lookup{SourceRegister: 1, SetName: affinity.Name}, &expr.Verdict{Kind: expr.VerdictAccept})
-	return nil
+	b.set(&m.Set{Name: "affinity", Key: []m.DataType{b.addrType()}, Timeout: 3 * time.Hour})
+	saddr := []m.Field{m.FieldSaddr}
+	rule(pre, m.UpdateSet{Key: saddr, Set: "affinity"})
+	rule(pre, m.MatchSet{Key: saddr, Set: "affinity"}, m.Verdict{Kind: m.Accept})
 }
 
-func programDNATMap(b *build) error {
+// programDNATMap declares the map as nftproxy declares its endpoints map,
+// so that the kernel is asked to keep as many bytes of user data:
+//
+//	typeof ip daddr . meta l4proto . th dport . numgen random mod 65536 : ip daddr . th dport
+func programDNATMap(b *build) {
 	pre, _, _ := b.natChains()
-	key, err := nftables.ConcatSetType(b.addrType(), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInteger)
-	if err != nil {
-		return err
-	}
-	data, err := nftables.ConcatSetType(b.addrType(), nftables.TypeInetService)
-	if err != nil {
-		return err
-	}
-	m := &nftables.Set{Table: b.t, Name: "endpoints", KeyType: key, DataType: data, IsMap: true}
-	port := pad4(binary.BigEndian.AppendUint16(nil, 8080))
-	if err := b.c.AddSet(m, []nftables.SetElement{
-		{Key: append(b.serviceKeyBytes(), hostU32(0)...), Val: append(b.addr(), port...)},
-		{Key: append(b.serviceKeyBytes(), hostU32(1)...), Val: append(b.addr(), port...)},
-	}); err != nil {
-		return err
-	}
-	b.userData[m.Name] = endpointsTypeof(b.ipv6())
-	load, words := b.serviceKey()
-	nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(b.family), RegAddrMin: 1, RegProtoMin: reg(b.addrLen() / 4)}
-	b.rule(pre, append(load,
-		&expr.Numgen{Register: reg(words), Modulus: 2, Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: 1, SetName: m.Name, IsDestRegSet: true, DestRegister: 1},
-		nat)...)
-	return nil
+	endpoint := []m.Value{m.A(b.addr()), m.N(8080)}
+	b.set(&m.Set{Name: "endpoints",
+		Key:  append(b.serviceKeyTypes(), m.TypeInteger),
+		Data: []m.DataType{b.addrType(), m.TypeInetService},
+		Typeof: &m.Typeof{Key: serviceKey, KeyNumgen: 65536,
+			Data: []m.Field{m.FieldDaddr, m.FieldTHDport}},
+		Elements: []m.Element{
+			{Key: append(b.serviceKeyValue(), m.N(0)), Data: endpoint},
+			{Key: append(b.serviceKeyValue(), m.N(1)), Data: endpoint},
+		}})
+	rule(pre, m.DNATMap{Key: serviceKey, Numgen: 2, Map: "endpoints"})
 }
 
-func programMasquerade(b *build) error {
+func programMasquerade(b *build) {
 	_, _, post := b.natChains()
-	b.rule(post, &expr.Masq{FullyRandom: true})
-	return nil
+	rule(post, m.Masquerade{FullyRandom: true})
 }
 
-func programReject(b *build) error {
-	pre, out := b.filterChains()
+func programReject(b *build) {
+	pre, _, out := b.filterChains()
 	reject := b.regular("reject-chain")
-	b.rule(pre, &expr.Verdict{Kind: expr.VerdictJump, Chain: reject.Name})
-	b.rule(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: reject.Name})
-	b.rule(reject,
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
-	code := uint8(3) // ICMP_PORT_UNREACH
-	if b.ipv6() {
-		code = 4 // ICMPV6_PORT_UNREACH
-	}
-	b.rule(reject, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code})
-	return nil
+	rule(pre, m.Verdict{Kind: m.Jump, Chain: reject.Name})
+	rule(out, m.Verdict{Kind: m.Jump, Chain: reject.Name})
+	rule(reject, m.MatchL4Proto{Proto: unix.IPPROTO_TCP}, m.Reject{TCPReset: true})
+	rule(reject, m.Reject{})
 }

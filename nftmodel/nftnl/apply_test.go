@@ -177,12 +177,19 @@ func describe(t *testing.T, m netlink.Message) string {
 // batchGenID returns the generation a batch begin message carries, 0 if none.
 func batchGenID(t *testing.T, begin netlink.Message) uint32 {
 	t.Helper()
-	attrs, err := netlink.UnmarshalAttributes(begin.Data[4:])
+	return u32Attr(t, begin, unix.NFNL_BATCH_GENID)
+}
+
+// u32Attr returns the big-endian 32-bit attribute typ of an nfnetlink
+// message, 0 if it has none.
+func u32Attr(t *testing.T, m netlink.Message, typ uint16) uint32 {
+	t.Helper()
+	attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range attrs {
-		if a.Type == unix.NFNL_BATCH_GENID {
+		if a.Type == typ {
 			return binary.BigEndian.Uint32(a.Data)
 		}
 	}
