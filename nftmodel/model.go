@@ -303,6 +303,18 @@ func (t *Typeof) Equal(o *Typeof) bool {
 	return slices.Equal(t.Key, o.Key) && t.KeyNumgen == o.KeyNumgen && slices.Equal(t.Data, o.Data)
 }
 
+// DefaultTimeoutSetSize is the size nft gives a set with a timeout unless
+// told otherwise.
+const DefaultTimeoutSetSize = 65535
+
+// DeclaredSize is the size a set with a timeout is declared with.
+func (s *Set) DeclaredSize() uint32 {
+	if s.Size == 0 {
+		return DefaultTimeoutSetSize
+	}
+	return s.Size
+}
+
 // IsVerdictMap tells whether the set maps keys to verdicts.
 func (s *Set) IsVerdictMap() bool { return len(s.Data) == 1 && s.Data[0] == TypeVerdict }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // fuzzSnapshot makes a snapshot of API objects in JSON, with any field
@@ -127,12 +128,12 @@ func fillsAffinity(rs *m.Ruleset) bool {
 // as rendered.
 func applyAndList(t *testing.T, ns *netns.NS, rs *m.Ruleset, text string) {
 	t.Helper()
-	conn, err := m.Dial(ns.Fd())
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
-	if _, err := m.Apply(conn, rs); err != nil {
+	defer func() { _ = conn.Close() }()
+	if _, err := nftnl.Apply(conn, rs); err != nil {
 		t.Fatalf("apply the %s ruleset: %v\n%s", rs.Family, err, text)
 	}
 	got, err := ns.Exec("nft", "list", "table", rs.Family.String(), rs.Table)

@@ -14,8 +14,8 @@ import (
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
-// Kernel writes rulesets; the netlink applier in the daemon's namespace is
-// the real one.
+// Kernel writes rulesets; the netlink applier in the daemon's namespace
+// (nftnl.Kernel) is the real one.
 type Kernel interface {
 	Apply(rs *m.Ruleset) (m.Stats, error)
 	ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error)
@@ -29,22 +29,6 @@ type Kernel interface {
 type AffinityPruner interface {
 	PruneElements(f m.Family, table string, set *m.Set, keep func(m.Element) bool) (int, error)
 }
-
-// NetlinkKernel is the real Kernel: the netlink applier on one connection,
-// lasting in the daemon.
-type NetlinkKernel struct{ Conn *m.Conn }
-
-func (k NetlinkKernel) PruneElements(f m.Family, table string, set *m.Set, keep func(m.Element) bool) (int, error) {
-	return m.PruneElements(k.Conn, f, table, set, keep)
-}
-
-func (k NetlinkKernel) Apply(rs *m.Ruleset) (m.Stats, error) { return m.Apply(k.Conn, rs) }
-
-func (k NetlinkKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
-	return m.ApplyChanges(k.Conn, f, table, c)
-}
-
-func (k NetlinkKernel) Generation() (uint32, error) { return m.Generation(k.Conn) }
 
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
@@ -81,7 +65,7 @@ type Options struct {
 	// commits on, so that Notify can tell our commits from others'.
 	OwnPort func(port uint32) bool
 	// Notifications, when set, is paused during each sync's batches (see
-	// nftmodel.Watcher.Pause); a commit of another program meanwhile, told
+	// nftnl.Watcher.Pause); a commit of another program meanwhile, told
 	// by the generation, makes Run repair at once.
 	Notifications Pauser
 }
