@@ -32,8 +32,10 @@ var (
 	Ct     = &Feature{Name: "ct state and ct status", MinKernel: "3.13", program: programCt}
 	// Session affinity: a map with timeouts that the packet path fills from
 	// conntrack (`update @affinity { ip saddr . ct original ip daddr . … :
-	// ct reply ip saddr . ct reply proto-src }`, typed conntrack addresses
-	// came with 4.17) and DNAT from it.
+	// ct reply ip saddr . ct reply proto-src }`) and DNAT from it. The
+	// typed conntrack addresses (NFT_CT_SRC_IP and the like) came with
+	// 4.17, by our reading of the kernel's history (not checked on such a
+	// kernel); the DNAT map needs 5.6 anyway.
 	Timeouts = &Feature{Name: "maps with timeouts filled from conntrack by the packet path", MinKernel: "4.17", program: programTimeouts}
 	// The endpoints map: typeof user data, a key ending in numgen, and
 	// values of address . port (20 bytes for IPv6: set data over 16 bytes
