@@ -160,22 +160,25 @@ func (p *proxyProcess) scrape(ctx context.Context) (histogram, error) {
 }
 
 // metrics reads the proxy's /metrics page.
-func (p *proxyProcess) metrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peerMetricsAddr+"/metrics", nil)
+func (p *proxyProcess) metrics(ctx context.Context) (string, error) { return p.get(ctx, "/metrics") }
+
+// get reads a page of the proxy's metrics server.
+func (p *proxyProcess) get(ctx context.Context, path string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peerMetricsAddr+path, nil)
 	if err != nil {
 		return "", err
 	}
 	resp, err := p.http.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("read %s metrics: %w", p.name, err)
+		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("read %s metrics: %s", p.name, resp.Status)
+		return "", fmt.Errorf("read %s %s: %s", p.name, path, resp.Status)
 	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("read %s metrics: %w", p.name, err)
+		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
 	}
 	return string(body), nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -42,7 +43,7 @@ type soakOptions struct {
 // Fixed shape of the soak.
 const (
 	soakEndpoints     = 3
-	soakWorkers       = 32
+	soakWorkers       = 64
 	soakInflight      = 64 // client connections open at once, at most
 	soakConnTimeout   = 5 * time.Second
 	soakSampleEvery   = 10 * time.Second
@@ -99,7 +100,7 @@ func soakPhase(res *Results, o *options) error {
 				return err
 			}
 		}
-		sink, args = ms, nftproxyCommand(o.nftproxy, "--manifests", dir)
+		sink, args = ms, append(nftproxyCommand(o.nftproxy, "--manifests", dir), "--profiling")
 	} else {
 		run.Source = soakSourceAPI
 		c, err := startCluster(ctx)
@@ -128,7 +129,7 @@ func soakPhase(res *Results, o *options) error {
 		if err := apiserver.RelayedKubeconfig(c.srv.Kubeconfig, relay.Addr(), "", kubeconfig); err != nil {
 			return err
 		}
-		sink, args = apiSink{client: c.client}, nftproxyCommand(o.nftproxy, "--kubeconfig", kubeconfig)
+		sink, args = apiSink{client: c.client}, append(nftproxyCommand(o.nftproxy, "--kubeconfig", kubeconfig), "--profiling")
 	}
 
 	logPath := filepath.Join(tmp, "nftproxy.log")
@@ -157,18 +158,22 @@ func soakPhase(res *Results, o *options) error {
 	if run.Idle, err = soakSample(ctx, p, time.Now(), clients, 0); err != nil {
 		return err
 	}
+	if run.Idle.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
+		return err
+	}
 	logf("soak: nftproxy synced %d services; idle: %s", so.services, run.Idle)
 
 	// The churn, the clients and the samples, for the duration.
 	cctx, cancel := context.WithTimeout(ctx, so.duration)
 	defer cancel()
-	writers := startSoakWriters(ctx, sink, model.services, soakWorkers)
+	history := newAddrHistory()
+	writers := startSoakWriters(ctx, sink, model.services, soakWorkers, history)
 	clientsDone := make(chan struct{})
 	go func() { clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
 	began := time.Now()
 	var changes atomic.Int64
 	churnDone := make(chan error, 1)
-	go func() { churnDone <- soakChurn(cctx, model, owners, writers, clients.recent, so, &changes) }()
+	go func() { churnDone <- soakChurn(cctx, model, owners, writers, history, clients.recent, so, &changes) }()
 	warmup := min(so.duration/10, time.Minute)
 	sampleTick := time.NewTicker(soakSampleEvery)
 	defer sampleTick.Stop()
@@ -180,6 +185,9 @@ func soakPhase(res *Results, o *options) error {
 			done = true
 		case <-warm:
 			if run.Start, err = soakSample(ctx, p, began, clients, counted()); err != nil {
+				return err
+			}
+			if run.Start.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
 				return err
 			}
 			logf("soak: start (after %s of churn): %s", warmup, run.Start)
@@ -197,6 +205,9 @@ func soakPhase(res *Results, o *options) error {
 	if err != nil {
 		return err
 	}
+	if run.End.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
+		return err
+	}
 	run.Samples = append(run.Samples, run.End)
 	if err := <-churnDone; err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
@@ -211,6 +222,13 @@ func soakPhase(res *Results, o *options) error {
 	}
 	run.FailedBy, run.Failed = clients.failures()
 	run.Connections, run.Examples, run.DeadHits = int(clients.attempts.Load()), clients.examples, int(servers.dead.Load())
+	servers.mu.Lock()
+	dead := slices.Clone(servers.deadAddrs)
+	servers.mu.Unlock()
+	for _, d := range dead {
+		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", d.at.UTC().Format("15:04:05.000"), d.addr))
+		run.Examples = append(run.Examples, history.describe(d.addr)...)
+	}
 	_, peak, err := p.memory()
 	if err != nil {
 		return err
@@ -258,9 +276,12 @@ const progMetric = "kubeproxy_network_programming_duration_seconds"
 
 // soakChurn replaces endpoints at the set rate until ctx ends, and removes
 // each replaced endpoint the grace period after the write that made it
-// terminating. It counts the replacements it queued in changes.
-func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWriters, recent *recentRing, so soakOptions, changes *atomic.Int64) error {
-	tick := time.NewTicker(time.Second / time.Duration(so.rate))
+// terminating. It counts the replacements it queued in changes. It keeps to
+// the rate by the clock, making up for ticks a busy machine delays, but
+// not for more than a second behind: a churn the writers cannot keep up
+// with shows as a lower rate.
+func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWriters, history *addrHistory, recent *recentRing, so soakOptions, changes *atomic.Int64) error {
+	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	type due struct {
 		at   time.Time
@@ -275,9 +296,11 @@ func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWri
 			// The pod exits, then its endpoint goes.
 			owners.clear(d.addr)
 			m.remove(d.svc, d.addr)
-			w.queue(soakWrite{svc: d.svc, endpoints: m.endpoints(d.svc)})
+			history.add(d.addr, evPodExited, d.svc)
+			w.queue(soakWrite{svc: d.svc, endpoints: m.endpoints(d.svc), removed: d.addr})
 		}
 	}
+	began, skipped := time.Now(), int64(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -286,14 +309,23 @@ func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWri
 			removals = append(removals, due{at: time.Now().Add(so.grace), svc: job.svc, addr: job.retiring})
 		case now := <-tick.C:
 			remove(now)
-			r, ok := m.replace()
-			if !ok {
-				return errors.New("churn: no endpoint to replace (address pool empty)")
+			owed := int64(now.Sub(began).Seconds()*float64(so.rate)) - skipped - changes.Load()
+			if owed > int64(so.rate) {
+				skipped += owed - int64(so.rate)
+				owed = int64(so.rate)
 			}
-			owners.set(r.added, r.svc)
-			w.queue(soakWrite{svc: r.svc, endpoints: m.endpoints(r.svc), retiring: r.retiring})
-			recent.push(r.svc)
-			changes.Add(1)
+			for range owed {
+				r, ok := m.replace()
+				if !ok {
+					return errors.New("churn: no endpoint to replace (address pool empty)")
+				}
+				owners.set(r.added, r.svc)
+				history.add(r.added, evAddedQueued, r.svc)
+				history.add(r.retiring, evRetiringQueued, r.svc)
+				w.queue(soakWrite{svc: r.svc, endpoints: m.endpoints(r.svc), retiring: r.retiring, added: r.added})
+				recent.push(r.svc)
+				changes.Add(1)
+			}
 		}
 	}
 }
@@ -349,6 +381,23 @@ func soakSample(ctx context.Context, p *proxyProcess, began time.Time, c *soakCl
 	}
 	pt.Syncs = h.count
 	return pt, nil
+}
+
+// liveHeap asks the daemon for a collection and returns its heap right
+// after, in MiB.
+func liveHeap(ctx context.Context, p *proxyProcess) (float64, error) {
+	if _, err := p.get(ctx, "/debug/pprof/heap?gc=1"); err != nil {
+		return 0, err
+	}
+	page, err := p.metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := parseGauge(page, "go_memstats_heap_alloc_bytes")
+	if !ok {
+		return 0, errors.New("read nftproxy metrics: no go_memstats_heap_alloc_bytes")
+	}
+	return v / (1 << 20), nil
 }
 
 // syncTimes returns the took of every sync the daemon logged between from

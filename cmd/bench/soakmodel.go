@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The soak's churn, as a rolling update replaces pods: a new pod comes up
@@ -171,4 +174,53 @@ func (r *recentRing) pick(rng *rand.Rand) (int, bool) {
 	}
 	v := r.slots[rng.IntN(int(n))].Load()
 	return int(v) - 1, v != 0
+}
+
+// What happened to an address, for the report of a connection that reached
+// one with no pod.
+const (
+	evAddedQueued = iota
+	evAddedWritten
+	evRetiringQueued
+	evRetiringWritten
+	evPodExited // and its endpoint's removal queued
+	evRemovedWritten
+)
+
+var evNames = []string{"added as ready, queued", "added as ready, written", "made terminating, queued",
+	"made terminating, written", "pod exited, removal queued", "removal written"}
+
+type addrEvent struct {
+	at  time.Time
+	ev  uint8
+	svc int32
+}
+
+// addrHistory records what happened to each address. Safe for concurrent
+// use.
+type addrHistory struct {
+	mu     sync.Mutex
+	events map[netip.Addr][]addrEvent
+}
+
+func newAddrHistory() *addrHistory { return &addrHistory{events: map[netip.Addr][]addrEvent{}} }
+
+func (h *addrHistory) add(a netip.Addr, ev uint8, svc int) {
+	if !a.IsValid() {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events[a] = append(h.events[a], addrEvent{at: time.Now(), ev: ev, svc: int32(svc)})
+}
+
+// describe returns the address's history, one event a line.
+func (h *addrHistory) describe(a netip.Addr) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, e := range h.events[a] {
+		out = append(out, fmt.Sprintf("%s %s svc %d: %s", e.at.UTC().Format("15:04:05.000"), a, e.svc, evNames[e.ev]))
+	}
+	return out
 }

@@ -40,6 +40,14 @@ type soakServers struct {
 	ls     []net.Listener
 	wg     sync.WaitGroup
 	dead   atomic.Int64 // connections that reached an address with no pod
+
+	mu        sync.Mutex
+	deadAddrs []deadHit // the first few
+}
+
+type deadHit struct {
+	at   time.Time
+	addr netip.Addr
 }
 
 // startSoakPods routes each pod's part of the pool to it and starts its
@@ -82,6 +90,11 @@ func (s *soakServers) answer(c net.Conn) {
 	svc, ok := s.owners.get(local.Addr())
 	if !ok {
 		s.dead.Add(1)
+		s.mu.Lock()
+		if len(s.deadAddrs) < soakFailureExamples {
+			s.deadAddrs = append(s.deadAddrs, deadHit{time.Now(), local.Addr()})
+		}
+		s.mu.Unlock()
 		if tc, isTCP := c.(*net.TCPConn); isTCP {
 			_ = tc.SetLinger(0)
 		}

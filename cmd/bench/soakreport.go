@@ -57,11 +57,35 @@ type SoakPoint struct {
 	Changes     int     `json:"changes"`
 	Connections int     `json:"connections"`
 	Failed      int     `json:"failed"`
+	// LiveHeapMiB is go_memstats_heap_alloc_bytes right after a collection
+	// the soak asked for (/debug/pprof/heap?gc=1): what the daemon holds,
+	// without the garbage that RSS moves with. Only at idle, start and end.
+	LiveHeapMiB float64 `json:"live_heap_mib,omitempty"`
 }
 
 func (p SoakPoint) String() string {
 	return fmt.Sprintf("%6.0fs  RSS %6.1f MiB  goroutines %4d  syncs %5d  replacements %7d  connections %6d  failed %d",
 		p.AtS, p.RSSMiB, p.Goroutines, p.Syncs, p.Changes, p.Connections, p.Failed)
+}
+
+// rssMeans returns the mean RSS of the samples in the minute after the start
+// and in the last minute: single readings move by several MiB with the
+// collector's cycle.
+func (s *SoakRun) rssMeans() (first, last float64) {
+	mean := func(from, to float64) float64 {
+		sum, n := 0.0, 0
+		for _, pt := range s.Samples {
+			if pt.AtS >= from && pt.AtS <= to {
+				sum, n = sum+pt.RSSMiB, n+1
+			}
+		}
+		if n == 0 {
+			return math.NaN()
+		}
+		return sum / float64(n)
+	}
+	end := s.End.AtS
+	return mean(s.Start.AtS, s.Start.AtS+60), mean(end-60, end)
 }
 
 func growth(from, to float64) float64 {
@@ -80,6 +104,7 @@ func (s *SoakRun) summary() []string {
 	for _, k := range kinds {
 		by = append(by, fmt.Sprintf("%s %d", k, s.FailedBy[k]))
 	}
+	first, last := s.rssMeans()
 	failed := fmt.Sprintf("%d of %d", s.Failed, s.Connections)
 	if len(by) > 0 {
 		failed += " (" + strings.Join(by, ", ") + ")"
@@ -91,10 +116,12 @@ func (s *SoakRun) summary() []string {
 		fmt.Sprintf("connections: %d (%.1f/s); failed: %s; the pods saw %d reach an address with no pod", s.Connections, rate(s.Connections), failed, s.DeadHits),
 		fmt.Sprintf("nftproxy RSS: %.1f MiB idle, %.1f MiB at start (after %.0f s of churn), %.1f MiB at end: %+.1f%% (peak %.1f MiB)",
 			s.Idle.RSSMiB, s.Start.RSSMiB, s.Start.AtS, s.End.RSSMiB, growth(s.Start.RSSMiB, s.End.RSSMiB), s.PeakMiB),
+		fmt.Sprintf("nftproxy live heap after a collection: %.1f MiB idle, %.1f MiB at start, %.1f MiB at end: %+.1f%%; RSS mean of the samples of the first and the last minute after the start: %.1f → %.1f MiB (%+.1f%%)",
+			s.Idle.LiveHeapMiB, s.Start.LiveHeapMiB, s.End.LiveHeapMiB, growth(s.Start.LiveHeapMiB, s.End.LiveHeapMiB), first, last, growth(first, last)),
 		fmt.Sprintf("goroutines: %d idle, %d at start, %d at end", s.Idle.Goroutines, s.Start.Goroutines, s.End.Goroutines),
 		fmt.Sprintf("syncs during the churn: %d; sync time p50 %.1f ms, p99 %.1f ms, max %.1f ms (histogram: p99 ≤ %s, network programming p99 ≤ %s)",
 			s.Syncs, s.SyncP50MS, s.SyncP99MS, s.SyncMaxMS, bound(s.SyncP99Bucket), bound(s.ProgP99Bucket)),
-		fmt.Sprintf("load average: %s before, %s after", first(s.Load, 0), first(s.Load, 1)),
+		fmt.Sprintf("load average: %s before, %s after", nth(s.Load, 0), nth(s.Load, 1)),
 	}
 	if s.CreateRate > 0 {
 		lines = append(lines, fmt.Sprintf("API server load: %.0f objects/s written while creating the services", s.CreateRate))
@@ -112,7 +139,7 @@ func bound(v float64) string {
 	return fmt.Sprintf("%.1f ms", v)
 }
 
-func first(s []string, i int) string {
+func nth(s []string, i int) string {
 	if i < len(s) {
 		return s[i]
 	}
@@ -133,11 +160,14 @@ func (s *SoakRun) writeSoak(b *strings.Builder) {
 	p("The endpoints are real: four pod namespaces on the node's bridge each hold a quarter of 10.128.0.0/16 as a local route, and one server per pod answers a connection with the address it reached and that address's service, or resets it when no pod runs at the address. ")
 	p("The churn replaces one endpoint of a random service %d times a second, as a rolling update does: the new pod's address answers before the write that adds it as ready and marks an old endpoint terminating (ready false, serving true); %.0f s after that write the old pod stops answering and a second write removes its endpoint. ", s.TargetRate, s.GraceS)
 	p("Clients in the client namespace connect to the ClusterIPs %d times a second throughout, half to a service changed last, half to any; a connection fails when it gets no handshake, no answer, or an answer from another service's pod. ", s.ConnRate)
-	p("RSS is VmRSS; *start* is after the first tenth of the churn (at most a minute), when the Go heap has grown to its working size under it. Sync times are every sync the daemon logged during the churn (its `took`); the histogram figures are the bounds of `kubeproxy_sync_proxy_rules_duration_seconds` and `kubeproxy_network_programming_duration_seconds` buckets. Goroutines are `go_goroutines` from its /metrics.\n\n")
+	p("RSS is VmRSS, read every 10 s; *start* is after the first tenth of the churn (at most a minute), when the Go heap has grown to its working size under it; as one reading moves by several MiB with the collector's cycle, the means of a minute's readings and the live heap (`go_memstats_heap_alloc_bytes` right after a collection the soak asks for through `/debug/pprof/heap?gc=1`) at start and end are given beside it. Sync times are every sync the daemon logged during the churn (its `took`); the histogram figures are the bounds of `kubeproxy_sync_proxy_rules_duration_seconds` and `kubeproxy_network_programming_duration_seconds` buckets. Goroutines are `go_goroutines` from its /metrics.\n\n")
 	p("| figure | value | goal |\n|---|---|---|\n")
 	p("| failed connections | %d of %d | 0 |\n", s.Failed, s.Connections)
 	p("| RSS at start → end | %.1f → %.1f MiB (%+.1f%%) | growth under 5%% |\n", s.Start.RSSMiB, s.End.RSSMiB, growth(s.Start.RSSMiB, s.End.RSSMiB))
 	p("| sync time p99 (p50, max) | %.1f ms (%.1f, %.1f) over %d syncs | |\n", s.SyncP99MS, s.SyncP50MS, s.SyncMaxMS, s.Syncs)
+	first, last := s.rssMeans()
+	p("| RSS, mean of a minute's samples, first → last | %.1f → %.1f MiB (%+.1f%%) | |\n", first, last, growth(first, last))
+	p("| live heap after a collection, start → end | %.1f → %.1f MiB (%+.1f%%) | |\n", s.Start.LiveHeapMiB, s.End.LiveHeapMiB, growth(s.Start.LiveHeapMiB, s.End.LiveHeapMiB))
 	p("| goroutines at start → end | %d → %d | stable |\n", s.Start.Goroutines, s.End.Goroutines)
 	p("| endpoint replacements | %d (%.1f/s) | %d/s |\n\n", s.Changes, float64(s.Changes)/s.DurationS, s.TargetRate)
 	p("```\n%s\n```\n\n", strings.Join(s.summary(), "\n"))

@@ -88,6 +88,8 @@ type soakWrite struct {
 	svc       int
 	endpoints []soakEndpoint
 	retiring  netip.Addr // a replacement's endpoint turned terminating; zero for a removal
+	added     netip.Addr // a replacement's new endpoint
+	removed   netip.Addr // a removal's endpoint
 	queued    time.Time
 }
 
@@ -98,6 +100,7 @@ type soakWriters struct {
 	services []soakService
 	queues   []chan soakWrite
 	written  chan soakWrite // replacements once written: their grace starts
+	history  *addrHistory
 	wg       sync.WaitGroup
 
 	done, failed atomic.Int64
@@ -109,8 +112,8 @@ type soakWriters struct {
 // soakWriteTries is how often a write is tried before it counts as failed.
 const soakWriteTries = 3
 
-func startSoakWriters(ctx context.Context, sink soakSink, services []soakService, workers int) *soakWriters {
-	w := &soakWriters{sink: sink, services: services, written: make(chan soakWrite, 1<<16)}
+func startSoakWriters(ctx context.Context, sink soakSink, services []soakService, workers int, history *addrHistory) *soakWriters {
+	w := &soakWriters{sink: sink, services: services, written: make(chan soakWrite, 1<<16), history: history}
 	for range workers {
 		q := make(chan soakWrite, 256)
 		w.queues = append(w.queues, q)
@@ -153,6 +156,9 @@ func (w *soakWriters) do(ctx context.Context, job soakWrite) {
 	w.mu.Lock()
 	w.latency = append(w.latency, ms(time.Since(job.queued)))
 	w.mu.Unlock()
+	w.history.add(job.added, evAddedWritten, job.svc)
+	w.history.add(job.retiring, evRetiringWritten, job.svc)
+	w.history.add(job.removed, evRemovedWritten, job.svc)
 	if job.retiring.IsValid() {
 		w.written <- job
 	}
