@@ -4,7 +4,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"slices"
 	"testing"
+	"time"
 )
 
 // TestSoakModelKeepsServicesReady replays a churn and checks what the soak
@@ -152,5 +155,34 @@ h_count 100
 	}
 	if g, ok := parseGauge("go_goroutines 17\ngo_threads 9\n", "go_goroutines"); !ok || g != 17 {
 		t.Errorf("parseGauge = %g, %v; want 17, true", g, ok)
+	}
+}
+
+func TestGrouped(t *testing.T) {
+	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 84132: "84,132", 1234567: "1,234,567", -10000: "-10,000"} {
+		if got := grouped(n); got != want {
+			t.Errorf("grouped(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestSyncTimes(t *testing.T) {
+	log := `{"level":"info","ts":"2026-11-25T08:00:00.500Z","msg":"Synced","full":true,"took":1.5}
+{"level":"info","ts":"2026-11-25T08:00:01.000Z","msg":"Resync skipped"}
+{"level":"info","ts":"2026-11-25T08:00:02.000Z","msg":"Synced","full":false,"took":0.0125}
+{"level":"info","ts":"2026-11-25T08:00:03.000Z","msg":"Synced","full":false,"took":0.02}
+{"level":"info","ts":"2026-11-25T08:00:09.000Z","msg":"Synced","full":false,"took":0.5}
+`
+	path := t.TempDir() + "/nftproxy.log"
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Date(2026, 11, 25, 8, 0, 1, 0, time.UTC)
+	got, err := syncTimes(path, from, from.Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float64{12.5, 20}; !slices.Equal(got, want) {
+		t.Errorf("syncTimes = %v, want %v", got, want)
 	}
 }

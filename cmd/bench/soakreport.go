@@ -124,12 +124,24 @@ func (s *SoakRun) summary() []string {
 		fmt.Sprintf("load average: %s before, %s after", nth(s.Load, 0), nth(s.Load, 1)),
 	}
 	if s.CreateRate > 0 {
-		lines = append(lines, fmt.Sprintf("API server load: %.0f objects/s written while creating the services", s.CreateRate))
+		lines = append(lines, fmt.Sprintf("creating the services and their slices in the API server: %.0f objects/s", s.CreateRate))
 	}
 	if s.FirstError != "" {
 		lines = append(lines, "first write error: "+s.FirstError)
 	}
 	return lines
+}
+
+// grouped prints a count with thousands separated: 10,000.
+func grouped(n int) string {
+	s := fmt.Sprint(max(n, -n))
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if n < 0 {
+		return "-" + s
+	}
+	return s
 }
 
 func bound(v float64) string {
@@ -151,9 +163,9 @@ func (s *SoakRun) writeSoak(b *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## Soak\n\n")
 	p("`%s` (what `make soak` runs) on %s. ", s.Command, s.Started.Format("2006-01-02 15:04 UTC"))
-	p("nftproxy (`nftproxy run`, its default sync periods) serves %d TCP ClusterIP services of %d ready endpoints each ", s.Services, s.Endpoints)
+	p("nftproxy (`nftproxy run` with its default sync periods, and `--profiling` for the collections below) serves %s TCP ClusterIP services of %d ready endpoints each ", grouped(s.Services), s.Endpoints)
 	if s.Source == soakSourceAPI {
-		p("from a real kube-apiserver %s (one etcd, on 127.0.0.1, reached through a relay in nftproxy's namespace). ", "v1.36.3")
+		p("from a real kube-apiserver %s (one etcd, on 127.0.0.1, reached through a relay in nftproxy's namespace; %d writers update the EndpointSlices without reading them first). ", "v1.36.3", soakWorkers)
 	} else {
 		p("from a manifest directory (one file per service, replaced by a rename). ")
 	}
@@ -162,14 +174,15 @@ func (s *SoakRun) writeSoak(b *strings.Builder) {
 	p("Clients in the client namespace connect to the ClusterIPs %d times a second throughout, half to a service changed last, half to any; a connection fails when it gets no handshake, no answer, or an answer from another service's pod. ", s.ConnRate)
 	p("RSS is VmRSS, read every 10 s; *start* is after the first tenth of the churn (at most a minute), when the Go heap has grown to its working size under it; as one reading moves by several MiB with the collector's cycle, the means of a minute's readings and the live heap (`go_memstats_heap_alloc_bytes` right after a collection the soak asks for through `/debug/pprof/heap?gc=1`) at start and end are given beside it. Sync times are every sync the daemon logged during the churn (its `took`); the histogram figures are the bounds of `kubeproxy_sync_proxy_rules_duration_seconds` and `kubeproxy_network_programming_duration_seconds` buckets. Goroutines are `go_goroutines` from its /metrics.\n\n")
 	p("| figure | value | goal |\n|---|---|---|\n")
-	p("| failed connections | %d of %d | 0 |\n", s.Failed, s.Connections)
+	p("| failed connections | %s of %s | 0 |\n", grouped(s.Failed), grouped(s.Connections))
 	p("| RSS at start → end | %.1f → %.1f MiB (%+.1f%%) | growth under 5%% |\n", s.Start.RSSMiB, s.End.RSSMiB, growth(s.Start.RSSMiB, s.End.RSSMiB))
-	p("| sync time p99 (p50, max) | %.1f ms (%.1f, %.1f) over %d syncs | |\n", s.SyncP99MS, s.SyncP50MS, s.SyncMaxMS, s.Syncs)
+	p("| sync time p99 (p50, max) | %.1f ms (%.1f, %.1f) over %s syncs | |\n", s.SyncP99MS, s.SyncP50MS, s.SyncMaxMS, grouped(s.Syncs))
 	first, last := s.rssMeans()
 	p("| RSS, mean of a minute's samples, first → last | %.1f → %.1f MiB (%+.1f%%) | |\n", first, last, growth(first, last))
 	p("| live heap after a collection, start → end | %.1f → %.1f MiB (%+.1f%%) | |\n", s.Start.LiveHeapMiB, s.End.LiveHeapMiB, growth(s.Start.LiveHeapMiB, s.End.LiveHeapMiB))
 	p("| goroutines at start → end | %d → %d | stable |\n", s.Start.Goroutines, s.End.Goroutines)
-	p("| endpoint replacements | %d (%.1f/s) | %d/s |\n\n", s.Changes, float64(s.Changes)/s.DurationS, s.TargetRate)
+	p("| endpoint replacements | %s (%.1f/s) | %d/s |\n", grouped(s.Changes), float64(s.Changes)/s.DurationS, s.TargetRate)
+	p("| load average (1, 5, 15 min) before / after | %s / %s | (2 cores) |\n\n", nth(s.Load, 0), nth(s.Load, 1))
 	p("```\n%s\n```\n\n", strings.Join(s.summary(), "\n"))
 	if len(s.Samples) > 0 {
 		p("Every sample of the run:\n\n```\n")
