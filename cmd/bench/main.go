@@ -78,6 +78,7 @@ func run(args []string) error {
 	fs.IntVar(&o.soak.rate, "soak-rate", 200, "soak phase: endpoint replacements a second")
 	fs.IntVar(&o.soak.connRate, "soak-conn-rate", 100, "soak phase: client connections a second")
 	fs.DurationVar(&o.soak.grace, "soak-grace", 10*time.Second, "soak phase: how long a replaced endpoint stays terminating before its pod exits and it is removed")
+	fs.StringVar(&o.soak.profiles, "soak-profiles", "", "soak phase: directory the daemon's heap profiles at idle, start and end are saved to (none when empty)")
 	soakSource := fs.String("soak-source", "api", "soak phase: where nftproxy reads the objects, api (a real kube-apiserver) or manifests (a directory)")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")

@@ -38,6 +38,16 @@ type soakOptions struct {
 	grace     time.Duration
 	manifests bool // the manifest directory instead of the API server
 	command   string
+	profiles  string // directory for the daemon's heap profiles; none when empty
+}
+
+// profile returns where the heap profile of a point of the soak goes, ""
+// for none.
+func (so soakOptions) profile(point string) string {
+	if so.profiles == "" {
+		return ""
+	}
+	return filepath.Join(so.profiles, "soak-heap-"+point+".pb.gz")
 }
 
 // Fixed shape of the soak.
@@ -158,7 +168,7 @@ func soakPhase(res *Results, o *options) error {
 	if run.Idle, err = soakSample(ctx, p, time.Now(), clients, 0); err != nil {
 		return err
 	}
-	if run.Idle.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
+	if run.Idle.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("idle")); err != nil {
 		return err
 	}
 	logf("soak: nftproxy synced %d services; idle: %s", so.services, run.Idle)
@@ -171,28 +181,36 @@ func soakPhase(res *Results, o *options) error {
 	clientsDone := make(chan struct{})
 	go func() { clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
 	began := time.Now()
-	var changes atomic.Int64
+	var changes, terminating atomic.Int64
 	churnDone := make(chan error, 1)
-	go func() { churnDone <- soakChurn(cctx, model, owners, writers, history, clients.recent, so, &changes) }()
+	go func() {
+		churnDone <- soakChurn(cctx, model, owners, writers, history, clients.recent, so, &changes, &terminating)
+	}()
 	warmup := min(so.duration/10, time.Minute)
 	sampleTick := time.NewTicker(soakSampleEvery)
 	defer sampleTick.Stop()
 	warm := time.After(warmup)
-	counted := func() int { return int(changes.Load()) }
+	lagFrom := 0
+	sample := func() (SoakPoint, error) {
+		pt, err := soakSample(ctx, p, began, clients, int(changes.Load()))
+		pt.Terminating = int(terminating.Load())
+		pt.WriteLagMS, lagFrom = writers.lagSince(lagFrom)
+		return pt, err
+	}
 	for done := false; !done; {
 		select {
 		case <-cctx.Done():
 			done = true
 		case <-warm:
-			if run.Start, err = soakSample(ctx, p, began, clients, counted()); err != nil {
+			if run.Start, err = sample(); err != nil {
 				return err
 			}
-			if run.Start.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
+			if run.Start.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("start")); err != nil {
 				return err
 			}
 			logf("soak: start (after %s of churn): %s", warmup, run.Start)
 		case <-sampleTick.C:
-			pt, err := soakSample(ctx, p, began, clients, counted())
+			pt, err := sample()
 			if err != nil {
 				return err
 			}
@@ -200,12 +218,12 @@ func soakPhase(res *Results, o *options) error {
 			logf("soak: %s", pt)
 		}
 	}
-	run.End, err = soakSample(ctx, p, began, clients, counted())
+	run.End, err = sample()
 	churnEnd := time.Now()
 	if err != nil {
 		return err
 	}
-	if run.End.LiveHeapMiB, err = liveHeap(ctx, p); err != nil {
+	if run.End.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("end")); err != nil {
 		return err
 	}
 	run.Samples = append(run.Samples, run.End)
@@ -280,7 +298,8 @@ const progMetric = "kubeproxy_network_programming_duration_seconds"
 // the rate by the clock, making up for ticks a busy machine delays, but
 // not for more than a second behind: a churn the writers cannot keep up
 // with shows as a lower rate.
-func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWriters, history *addrHistory, recent *recentRing, so soakOptions, changes *atomic.Int64) error {
+func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWriters, history *addrHistory, recent *recentRing, so soakOptions, changes, terminating *atomic.Int64) error {
+	defer func() { terminating.Store(int64(m.terminating)) }()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	type due struct {
@@ -309,6 +328,7 @@ func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWri
 			removals = append(removals, due{at: time.Now().Add(so.grace), svc: job.svc, addr: job.retiring})
 		case now := <-tick.C:
 			remove(now)
+			terminating.Store(int64(m.terminating))
 			owed := int64(now.Sub(began).Seconds()*float64(so.rate)) - skipped - changes.Load()
 			if owed > int64(so.rate) {
 				skipped += owed - int64(so.rate)
@@ -384,10 +404,18 @@ func soakSample(ctx context.Context, p *proxyProcess, began time.Time, c *soakCl
 }
 
 // liveHeap asks the daemon for a collection and returns its heap right
-// after, in MiB.
-func liveHeap(ctx context.Context, p *proxyProcess) (float64, error) {
-	if _, err := p.get(ctx, "/debug/pprof/heap?gc=1"); err != nil {
+// after, in MiB. The heap profile that comes with the collection is saved
+// to profile unless that is empty (`go tool pprof -base START END` shows
+// what grew).
+func liveHeap(ctx context.Context, p *proxyProcess, profile string) (float64, error) {
+	prof, err := p.get(ctx, "/debug/pprof/heap?gc=1")
+	if err != nil {
 		return 0, err
+	}
+	if profile != "" {
+		if err := os.WriteFile(profile, []byte(prof), 0o644); err != nil {
+			return 0, fmt.Errorf("write heap profile: %w", err)
+		}
 	}
 	page, err := p.metrics(ctx)
 	if err != nil {

@@ -25,6 +25,10 @@ type soakModel struct {
 	services []soakService
 	free     []netip.Addr // FIFO: a freed address comes back last, long after its rules are gone
 	rng      *rand.Rand
+	// terminating counts the endpoints that are terminating: what the
+	// churn adds to the steady endpoints, the grace period (and any lag
+	// of the writes) times the rate.
+	terminating int
 }
 
 type soakService struct {
@@ -86,6 +90,7 @@ func (m *soakModel) replace() (r replacement, ok bool) {
 	}
 	old := &s.endpoints[ready[m.rng.IntN(len(ready))]]
 	old.terminating = true
+	m.terminating++
 	r.retiring, r.added = old.addr, m.free[0]
 	m.free = m.free[1:]
 	s.endpoints = append(s.endpoints, soakEndpoint{addr: r.added})
@@ -96,7 +101,12 @@ func (m *soakModel) replace() (r replacement, ok bool) {
 // address back to the pool.
 func (m *soakModel) remove(svc int, addr netip.Addr) {
 	s := &m.services[svc]
-	s.endpoints = slices.DeleteFunc(s.endpoints, func(e soakEndpoint) bool { return e.addr == addr })
+	s.endpoints = slices.DeleteFunc(s.endpoints, func(e soakEndpoint) bool {
+		if e.addr == addr && e.terminating {
+			m.terminating--
+		}
+		return e.addr == addr
+	})
 	m.free = append(m.free, addr)
 }
 

@@ -59,6 +59,9 @@ func TestSoakModelKeepsServicesReady(t *testing.T) {
 				t.Fatalf("step %d: %s is free and in use", step, a)
 			}
 		}
+		if m.terminating != len(retiring) {
+			t.Fatalf("step %d: %d terminating counted, want %d", step, m.terminating, len(retiring))
+		}
 		if len(owner)+len(m.free) != 1024 {
 			t.Fatalf("step %d: %d in use + %d free, want 1024", step, len(owner), len(m.free))
 		}

@@ -57,6 +57,8 @@ type SoakPoint struct {
 	Changes     int     `json:"changes"`
 	Connections int     `json:"connections"`
 	Failed      int     `json:"failed"`
+	Terminating int     `json:"terminating"`  // terminating endpoints in the churned state
+	WriteLagMS  float64 `json:"write_lag_ms"` // mean queued-to-written of the writes since the last sample
 	// LiveHeapMiB is go_memstats_heap_alloc_bytes right after a collection
 	// the soak asked for (/debug/pprof/heap?gc=1): what the daemon holds,
 	// without the garbage that RSS moves with. Only at idle, start and end.
@@ -64,8 +66,8 @@ type SoakPoint struct {
 }
 
 func (p SoakPoint) String() string {
-	return fmt.Sprintf("%6.0fs  RSS %6.1f MiB  goroutines %4d  syncs %5d  replacements %7d  connections %6d  failed %d",
-		p.AtS, p.RSSMiB, p.Goroutines, p.Syncs, p.Changes, p.Connections, p.Failed)
+	return fmt.Sprintf("%6.0fs  RSS %6.1f MiB  goroutines %4d  syncs %5d  replacements %7d  terminating %5d  write lag %6.0f ms  connections %6d  failed %d",
+		p.AtS, p.RSSMiB, p.Goroutines, p.Syncs, p.Changes, p.Terminating, p.WriteLagMS, p.Connections, p.Failed)
 }
 
 // rssMeans returns the mean RSS of the samples in the minute after the start

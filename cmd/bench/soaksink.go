@@ -164,6 +164,22 @@ func (w *soakWriters) do(ctx context.Context, job soakWrite) {
 	}
 }
 
+// lagSince returns the mean queued-to-written time of the writes after the
+// first from, and how many writes there are now.
+func (w *soakWriters) lagSince(from int) (mean float64, n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n = len(w.latency)
+	if n <= from {
+		return 0, n
+	}
+	sum := 0.0
+	for _, v := range w.latency[from:] {
+		sum += v
+	}
+	return sum / float64(n-from), n
+}
+
 // close waits for every queued write.
 func (w *soakWriters) close() {
 	for _, q := range w.queues {
