@@ -103,10 +103,14 @@ func sliceObject(service string, j int, addrs []netip.Addr) *discoveryv1.Endpoin
 		Endpoints:   make([]discoveryv1.Endpoint, len(addrs)),
 	}
 	for i, a := range addrs {
-		es.Endpoints[i] = discoveryv1.Endpoint{Addresses: []string{a.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}}
+		es.Endpoints[i] = readyEndpoint(a)
 	}
 	return es
+}
+
+func readyEndpoint(a netip.Addr) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{a.String()},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}}
 }
 
 // load writes every Service and EndpointSlice of w, with a pool of

@@ -33,6 +33,7 @@ type options struct {
 	proxiesGiven   bool           // --proxies was set: run them on every workload
 	stepLimit      time.Duration  // a proxy's step stopped after this long
 	checkpoint     func(*Results) // saves what was measured so far
+	soak           soakOptions
 
 	childSync     int
 	childNetns    string
@@ -40,6 +41,10 @@ type options struct {
 }
 
 var allPhases = []string{"sync", "updates", "dataplane", "daemon", "gobench", "peers"}
+
+// soakPhaseName is a phase only named runs make (`make soak`): it takes
+// minutes by design.
+const soakPhaseName = "soak"
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -54,7 +59,7 @@ func run(args []string) error {
 	fs.BoolVar(&o.quick, "quick", false, "stop at 10,000 services")
 	sizes := fs.String("sizes", "", "comma-separated service counts (default 1000,5000,10000,30000,50000; --quick stops at 10000)")
 	fs.IntVar(&o.runs, "runs", 3, "runs of each measurement; tables show the minimum and the median")
-	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure: "+strings.Join(allPhases, ","))
+	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure: "+strings.Join(allPhases, ",")+" (or "+soakPhaseName+", run only when named)")
 	fs.StringVar(&o.docs, "docs", "docs", "directory benchmarks.md and the plots are written to")
 	fs.StringVar(&o.render, "render", "", "only rewrite the docs from this results file")
 	fs.StringVar(&o.results, "results", "cmd/bench/results.json", "file the raw results are written to")
@@ -68,6 +73,13 @@ func run(args []string) error {
 	workloads := fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
 	proxies := fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
 	fs.DurationVar(&o.stepLimit, "step-limit", 5*time.Minute, "peers phase: a proxy that has not finished a step after this long is reported over it and stopped")
+	fs.DurationVar(&o.soak.duration, "soak-duration", 10*time.Minute, "soak phase: how long the churn runs")
+	fs.IntVar(&o.soak.services, "soak-services", 10000, "soak phase: services, of 3 endpoints each")
+	fs.IntVar(&o.soak.rate, "soak-rate", 200, "soak phase: endpoint replacements a second")
+	fs.IntVar(&o.soak.connRate, "soak-conn-rate", 100, "soak phase: client connections a second")
+	fs.DurationVar(&o.soak.grace, "soak-grace", 10*time.Second, "soak phase: how long a replaced endpoint stays terminating before its pod exits and it is removed")
+	fs.StringVar(&o.soak.profiles, "soak-profiles", "", "soak phase: directory the daemon's heap profiles at idle, start and end are saved to (none when empty)")
+	soakSource := fs.String("soak-source", "api", "soak phase: where nftproxy reads the objects, api (a real kube-apiserver) or manifests (a directory)")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
 	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")
@@ -90,10 +102,21 @@ func run(args []string) error {
 	o.proxiesGiven = *proxies != ""
 	o.phases = strings.Split(*phases, ",")
 	for _, p := range o.phases {
-		if !slices.Contains(allPhases, p) {
-			return fmt.Errorf("unknown phase %q, want some of %s", p, strings.Join(allPhases, ","))
+		if !slices.Contains(allPhases, p) && p != soakPhaseName {
+			return fmt.Errorf("unknown phase %q, want some of %s,%s", p, strings.Join(allPhases, ","), soakPhaseName)
 		}
 	}
+	switch *soakSource {
+	case "api":
+	case "manifests":
+		o.soak.manifests = true
+	default:
+		return fmt.Errorf("unknown --soak-source %q, want api or manifests", *soakSource)
+	}
+	if o.soak.rate <= 0 || o.soak.connRate <= 0 || o.soak.services < 3 || o.soak.duration <= 0 {
+		return errors.New("soak: --soak-rate, --soak-conn-rate and --soak-duration must be positive, --soak-services at least 3")
+	}
+	o.soak.command = strings.Join(append([]string{"go run ./cmd/bench"}, args...), " ")
 	if o.render != "" {
 		res, err := loadResults(o.render)
 		if err != nil {
@@ -216,6 +239,11 @@ func measure(o *options) (*Results, error) {
 	if has("peers") {
 		if err := peersPhase(res, o); err != nil {
 			return res, fmt.Errorf("peers: %w", err)
+		}
+	}
+	if has(soakPhaseName) {
+		if err := soakPhase(res, o); err != nil {
+			return res, fmt.Errorf("soak: %w", err)
 		}
 	}
 	res.Load = append(res.Load, loadAverage())

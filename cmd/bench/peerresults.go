@@ -177,7 +177,9 @@ func mergeResults(old, cur *Results) *Results {
 		peers := cur.Peers
 		out = *old
 		out.Peers = peers
+		out.Soak = cur.Soak
 	}
 	out.Peers = mergePeers(old.Peers, cur.Peers)
+	out.Soak = mergeSoak(old.Soak, cur.Soak)
 	return &out
 }

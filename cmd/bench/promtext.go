@@ -76,3 +76,78 @@ func parseProcStatus(page string) map[string]int {
 	}
 	return out
 }
+
+// parseGauge reads an unlabelled gauge (go_goroutines, say) from a /metrics
+// page; ok is false when the page has none.
+func parseGauge(page, name string) (v float64, ok bool) {
+	for line := range strings.Lines(page) {
+		value, found := strings.CutPrefix(strings.TrimSpace(line), name+" ")
+		if !found {
+			continue
+		}
+		value, _, _ = strings.Cut(strings.TrimSpace(value), " ")
+		f, err := strconv.ParseFloat(value, 64)
+		return f, err == nil
+	}
+	return 0, false
+}
+
+// bucket is one cumulative bucket of a histogram: count observations of at
+// most le seconds.
+type bucket struct {
+	le    float64
+	count float64
+}
+
+// parseBuckets reads the buckets of an unlabelled histogram, in the page's
+// order (Prometheus writes them by increasing le, +Inf last).
+func parseBuckets(page, name string) ([]bucket, error) {
+	var out []bucket
+	for line := range strings.Lines(page) {
+		rest, found := strings.CutPrefix(strings.TrimSpace(line), name+`_bucket{le="`)
+		if !found {
+			continue
+		}
+		le, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			return nil, fmt.Errorf("parse %s_bucket: %q", name, line)
+		}
+		b := bucket{}
+		var err error
+		if b.le, err = strconv.ParseFloat(le, 64); err != nil {
+			return nil, fmt.Errorf("parse %s_bucket le: %w", name, err)
+		}
+		value, _, _ = strings.Cut(strings.TrimSpace(value), " ")
+		if b.count, err = strconv.ParseFloat(value, 64); err != nil {
+			return nil, fmt.Errorf("parse %s_bucket: %w", name, err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// bucketQuantile returns the upper bound of the bucket holding the
+// q-quantile of what was observed between before and after (the same
+// histogram read twice); +Inf when it lies beyond the last bound, 0 when
+// nothing was observed.
+func bucketQuantile(before, after []bucket, q float64) float64 {
+	if len(after) == 0 {
+		return 0
+	}
+	delta := func(i int) float64 {
+		if i < len(before) {
+			return after[i].count - before[i].count
+		}
+		return after[i].count
+	}
+	total := delta(len(after) - 1)
+	if total == 0 {
+		return 0
+	}
+	for i := range after {
+		if delta(i) >= q*total {
+			return after[i].le
+		}
+	}
+	return after[len(after)-1].le
+}

@@ -82,10 +82,16 @@ func proxyCommand(proxy string, bin peerBinaries, kubeconfig, linkDir string) (a
 	case proxyKubeLegacy:
 		return kube("iptables"), filepath.Join(linkDir, "legacy")
 	default:
-		return []string{bin.nftproxy, "run", "--kubeconfig", kubeconfig, "--hostname-override", benchNode,
-			"--cluster-cidr", peersClusterCIDR.String(), "--sync-period", peerSyncPeriod,
-			"--metrics-bind-address", peerMetricsAddr, "--healthz-bind-address", peerHealthzAddr}, ""
+		return append(nftproxyCommand(bin.nftproxy, "--kubeconfig", kubeconfig), "--sync-period", peerSyncPeriod), ""
 	}
+}
+
+// nftproxyCommand is nftproxy's command line in a bench namespace, reading
+// its objects from source (--kubeconfig FILE or --manifests DIR).
+func nftproxyCommand(binary string, source ...string) []string {
+	return append(append([]string{binary, "run"}, source...), "--hostname-override", benchNode,
+		"--cluster-cidr", peersClusterCIDR.String(),
+		"--metrics-bind-address", peerMetricsAddr, "--healthz-bind-address", peerHealthzAddr)
 }
 
 // startProxy runs args in ns through `ip netns exec`, which execs the
@@ -146,23 +152,35 @@ func (p *proxyProcess) stop(kill bool) {
 
 // scrape reads the proxy's sync histogram.
 func (p *proxyProcess) scrape(ctx context.Context) (histogram, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peerMetricsAddr+"/metrics", nil)
+	page, err := p.metrics(ctx)
 	if err != nil {
 		return histogram{}, err
 	}
+	return parseHistogram(page, syncMetric)
+}
+
+// metrics reads the proxy's /metrics page.
+func (p *proxyProcess) metrics(ctx context.Context) (string, error) { return p.get(ctx, "/metrics") }
+
+// get reads a page of the proxy's metrics server.
+func (p *proxyProcess) get(ctx context.Context, path string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peerMetricsAddr+path, nil)
+	if err != nil {
+		return "", err
+	}
 	resp, err := p.http.Do(req)
 	if err != nil {
-		return histogram{}, fmt.Errorf("read %s metrics: %w", p.name, err)
+		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return histogram{}, fmt.Errorf("read %s metrics: %s", p.name, resp.Status)
+		return "", fmt.Errorf("read %s %s: %s", p.name, path, resp.Status)
 	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return histogram{}, fmt.Errorf("read %s metrics: %w", p.name, err)
+		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
 	}
-	return parseHistogram(string(body), syncMetric)
+	return string(body), nil
 }
 
 // memory returns the proxy's VmRSS and VmHWM in MiB.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"os"
@@ -38,11 +39,23 @@ func writeDocs(res *Results, dir string) error {
 	if err := res.writePeerPlots(dir); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "benchmarks.md"), []byte(res.markdown()), 0o644); err != nil {
+	path := filepath.Join(dir, "benchmarks.md")
+	text := res.markdown()
+	// Sections written by hand follow the marker; keep them.
+	if old, err := os.ReadFile(path); err == nil {
+		if i := bytes.Index(old, []byte(handWritten)); i >= 0 {
+			text = strings.TrimRight(text, "\n") + "\n\n" + string(old[i:])
+		}
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return fmt.Errorf("write benchmarks.md: %w", err)
 	}
 	return nil
 }
+
+// handWritten starts the part of benchmarks.md that the program does not
+// generate and keeps as it is.
+const handWritten = "<!-- written by hand from here on: cmd/bench keeps it -->\n"
 
 // writePlots draws the plots of the sync, updates and dataplane phases.
 func (res *Results) writePlots(dir string) error {
@@ -190,6 +203,9 @@ func (r *Results) markdown() string {
 		r.writeMachine(p)
 	}
 	r.writePeers(&b)
+	if r.Soak != nil {
+		r.Soak.writeSoak(&b)
+	}
 	return b.String()
 }
 

@@ -70,6 +70,7 @@ type Results struct {
 	Load     []string  `json:"load,omitempty"` // /proc/loadavg before and after
 	Notes    []string  `json:"notes,omitempty"`
 	Peers    *PeerRun  `json:"peers,omitempty"` // the peers phase: nftproxy against kube-proxy
+	Soak     *SoakRun  `json:"soak,omitempty"`  // the soak phase
 }
 
 // add records values, rounded to a thousandth of their unit (a microsecond,

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestSoakModelKeepsServicesReady replays a churn and checks what the soak
+// promises its clients: every service keeps all its ready endpoints at
+// every step, no address serves two services, and the pool comes back whole.
+func TestSoakModelKeepsServicesReady(t *testing.T) {
+	pool := netip.MustParsePrefix("10.128.0.0/22") // 1,024 addresses
+	w := workloadSpec{services: 50, width: uniform(3)}.generate()
+	m := newSoakModel(w, pool, 1)
+	if got, want := len(m.free), 1024-150; got != want {
+		t.Fatalf("free addresses: %d, want %d", got, want)
+	}
+	type pending struct {
+		svc  int
+		addr netip.Addr
+	}
+	var retiring []pending
+	for step := range 2000 {
+		r, ok := m.replace()
+		if !ok {
+			t.Fatalf("step %d: no replacement", step)
+		}
+		if r.added == r.retiring || !pool.Contains(r.added) {
+			t.Fatalf("step %d: replacement %+v", step, r)
+		}
+		retiring = append(retiring, pending{r.svc, r.retiring})
+		if len(retiring) > 20 { // a grace period of 20 changes
+			m.remove(retiring[0].svc, retiring[0].addr)
+			retiring = retiring[1:]
+		}
+		owner := map[netip.Addr]int{}
+		for i, s := range m.services {
+			ready := 0
+			for _, e := range s.endpoints {
+				if !e.terminating {
+					ready++
+				}
+				if prev, dup := owner[e.addr]; dup {
+					t.Fatalf("step %d: %s in services %d and %d", step, e.addr, prev, i)
+				}
+				owner[e.addr] = i
+			}
+			if ready != 3 {
+				t.Fatalf("step %d: service %d has %d ready endpoints, want 3", step, i, ready)
+			}
+		}
+		for _, a := range m.free {
+			if _, used := owner[a]; used {
+				t.Fatalf("step %d: %s is free and in use", step, a)
+			}
+		}
+		if m.terminating != len(retiring) {
+			t.Fatalf("step %d: %d terminating counted, want %d", step, m.terminating, len(retiring))
+		}
+		if len(owner)+len(m.free) != 1024 {
+			t.Fatalf("step %d: %d in use + %d free, want 1024", step, len(owner), len(m.free))
+		}
+	}
+}
+
+func TestSoakModelEndpointsIsACopy(t *testing.T) {
+	m := newSoakModel(workloadSpec{services: 1, width: uniform(3)}.generate(), netip.MustParsePrefix("10.128.0.0/24"), 1)
+	eps := m.endpoints(0)
+	if _, ok := m.replace(); !ok {
+		t.Fatal("no replacement")
+	}
+	if len(eps) != 3 || eps[0].terminating || eps[1].terminating || eps[2].terminating {
+		t.Fatalf("copy changed with the model: %+v", eps)
+	}
+}
+
+func TestAddrOwners(t *testing.T) {
+	o := newAddrOwners(netip.MustParsePrefix("10.128.0.0/16"))
+	a := netip.MustParseAddr("10.128.3.4")
+	if _, ok := o.get(a); ok {
+		t.Fatal("owner before set")
+	}
+	o.set(a, 0)
+	if svc, ok := o.get(a); !ok || svc != 0 {
+		t.Fatalf("get = %d, %v; want 0, true", svc, ok)
+	}
+	o.clear(a)
+	if _, ok := o.get(a); ok {
+		t.Fatal("owner after clear")
+	}
+	for _, out := range []string{"10.129.0.1", "192.168.0.1", "fd00::1"} {
+		o.set(netip.MustParseAddr(out), 5) // ignored
+		if _, ok := o.get(netip.MustParseAddr(out)); ok {
+			t.Fatalf("%s: owner outside the pool", out)
+		}
+	}
+}
+
+func TestRecentRing(t *testing.T) {
+	r := newRecentRing(4)
+	rng := rand.New(rand.NewPCG(1, 2))
+	if _, ok := r.pick(rng); ok {
+		t.Fatal("pick from an empty ring")
+	}
+	for svc := range 10 {
+		r.push(svc)
+	}
+	for range 100 {
+		if svc, ok := r.pick(rng); !ok || svc < 6 {
+			t.Fatalf("pick = %d, %v; want one of the last four pushed", svc, ok)
+		}
+	}
+}
+
+func TestSoakPodRanges(t *testing.T) {
+	want := []string{"10.128.0.0/18", "10.128.64.0/18", "10.128.128.0/18", "10.128.192.0/18"}
+	for k, w := range want {
+		if got := soakPodRange(k).String(); got != w {
+			t.Errorf("pod %d: %s, want %s", k, got, w)
+		}
+	}
+}
+
+func TestBucketQuantile(t *testing.T) {
+	page := `# TYPE h histogram
+h_bucket{le="0.001"} 10
+h_bucket{le="0.01"} 95
+h_bucket{le="0.1"} 100
+h_bucket{le="+Inf"} 100
+h_sum 0.3
+h_count 100
+`
+	after, err := parseBuckets(page, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := []bucket{{0.001, 10}, {0.01, 10}, {0.1, 10}, {math.Inf(1), 10}}
+	for _, tc := range []struct {
+		name    string
+		before  []bucket
+		q, want float64
+	}{
+		{"all, median", nil, 0.5, 0.01},
+		{"all, p99", nil, 0.99, 0.1},
+		{"all, p10", nil, 0.1, 0.001},
+		{"since before, p90", before, 0.9, 0.01},
+		{"since before, p99", before, 0.99, 0.1},
+		{"nothing observed", after, 0.99, 0},
+	} {
+		if got := bucketQuantile(tc.before, after, tc.q); got != tc.want {
+			t.Errorf("%s: %g, want %g", tc.name, got, tc.want)
+		}
+	}
+	if g, ok := parseGauge("go_goroutines 17\ngo_threads 9\n", "go_goroutines"); !ok || g != 17 {
+		t.Errorf("parseGauge = %g, %v; want 17, true", g, ok)
+	}
+}
+
+func TestGrouped(t *testing.T) {
+	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 84132: "84,132", 1234567: "1,234,567", -10000: "-10,000"} {
+		if got := grouped(n); got != want {
+			t.Errorf("grouped(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestSyncTimes(t *testing.T) {
+	log := `{"level":"info","ts":"2026-11-25T08:00:00.500Z","msg":"Synced","full":true,"took":1.5}
+{"level":"info","ts":"2026-11-25T08:00:01.000Z","msg":"Resync skipped"}
+{"level":"info","ts":"2026-11-25T08:00:02.000Z","msg":"Synced","full":false,"took":0.0125}
+{"level":"info","ts":"2026-11-25T08:00:03.000Z","msg":"Synced","full":false,"took":0.02}
+{"level":"info","ts":"2026-11-25T08:00:09.000Z","msg":"Synced","full":false,"took":0.5}
+`
+	path := t.TempDir() + "/nftproxy.log"
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Date(2026, 11, 25, 8, 0, 1, 0, time.UTC)
+	got, err := syncTimes(path, from, from.Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float64{12.5, 20}; !slices.Equal(got, want) {
+		t.Errorf("syncTimes = %v, want %v", got, want)
+	}
+}

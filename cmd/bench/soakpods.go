@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/netns"
+)
+
+// The soak's pods: a few pod namespaces on the topology's bridge, each
+// holding a quarter of the endpoint pool as a local route (every address
+// of it is the namespace's own), with one server on port 8080 that answers
+// a connection to an address whose pod runs with that address and its
+// service, and resets one to an address whose pod has exited.
+
+// soakPool holds every endpoint address of the soak: the workload's and the
+// replacements'. It is split evenly over the pods.
+var soakPool = netip.MustParsePrefix("10.128.0.0/16")
+
+const soakPods = 4
+
+// soakPodRange returns the part of the pool pod k serves.
+func soakPodRange(k int) netip.Prefix {
+	bits := soakPool.Bits() + 2 // four pods
+	return netip.PrefixFrom(addrPlus(soakPool.Addr(), uint32(k)<<(32-bits)), bits)
+}
+
+// soakServers is the pods' servers.
+type soakServers struct {
+	owners *addrOwners
+	ls     []net.Listener
+	wg     sync.WaitGroup
+	dead   atomic.Int64 // connections that reached an address with no pod
+
+	mu        sync.Mutex
+	deadAddrs []deadHit // the first few
+}
+
+type deadHit struct {
+	at   time.Time
+	addr netip.Addr
+}
+
+// startSoakPods routes each pod's part of the pool to it and starts its
+// server.
+func startSoakPods(topo *netns.Topology, owners *addrOwners) (*soakServers, error) {
+	s := &soakServers{owners: owners}
+	for k, p := range topo.Pods {
+		r := soakPodRange(k)
+		if err := p.NS.IPBatch(fmt.Sprintf("route add local %s dev lo", r)); err != nil {
+			return s, err
+		}
+		if err := topo.Node.IPBatch(fmt.Sprintf("route add %s via %s dev %s", r, p.Addr, netns.BridgeName)); err != nil {
+			return s, err
+		}
+		l, err := p.NS.Listen("tcp", "0.0.0.0:"+strconv.Itoa(endpointPort))
+		if err != nil {
+			return s, err
+		}
+		s.ls = append(s.ls, l)
+		s.wg.Go(func() { s.serve(l) })
+	}
+	return s, nil
+}
+
+func (s *soakServers) serve(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go s.answer(c)
+	}
+}
+
+// answer writes "ADDRESS SERVICE" when a pod runs at the address the
+// connection reached, and resets the connection when none does.
+func (s *soakServers) answer(c net.Conn) {
+	defer c.Close()
+	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	svc, ok := s.owners.get(local.Addr())
+	if !ok {
+		s.dead.Add(1)
+		s.mu.Lock()
+		if len(s.deadAddrs) < soakFailureExamples {
+			s.deadAddrs = append(s.deadAddrs, deadHit{time.Now(), local.Addr()})
+		}
+		s.mu.Unlock()
+		if tc, isTCP := c.(*net.TCPConn); isTCP {
+			_ = tc.SetLinger(0)
+		}
+		return
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = fmt.Fprintf(c, "%s %d\n", local.Addr(), svc)
+}
+
+func (s *soakServers) close() {
+	for _, l := range s.ls {
+		l.Close()
+	}
+	s.wg.Wait()
+}
+
+// Failed connections, by what went wrong.
+const (
+	failConnect   = "connect"       // no handshake: refused, unreachable or timed out
+	failNoAnswer  = "no answer"     // reset or closed: no pod at the endpoint
+	failWrongSvc  = "wrong service" // answered by another service's pod
+	failBadAnswer = "bad answer"
+)
+
+// soakClients connect from the client namespace through the services'
+// ClusterIPs, half to services that changed last, half to any service.
+type soakClients struct {
+	ns      *netns.NS
+	model   []soakService // names and ClusterIPs only: they never change
+	recent  *recentRing
+	rate    int // connections a second
+	timeout time.Duration
+
+	attempts, ok atomic.Int64
+	mu           sync.Mutex
+	failed       map[string]int
+	examples     []string // the first few failures, for the report
+}
+
+const soakFailureExamples = 5
+
+// run connects at the set rate until ctx ends, with at most inflight
+// connections open; it returns once the last connection has ended.
+func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	tick := time.NewTicker(time.Second / time.Duration(c.rate))
+	defer tick.Stop()
+	sem := make(chan struct{}, inflight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		svc := rng.IntN(len(c.model))
+		if rng.IntN(2) == 0 {
+			if r, ok := c.recent.pick(rng); ok {
+				svc = r
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c.connect(svc)
+		})
+	}
+}
+
+// connect makes one connection to the service and checks who answered.
+func (c *soakClients) connect(svc int) {
+	c.attempts.Add(1)
+	s := &c.model[svc]
+	dst := netip.AddrPortFrom(s.clusterIP, servicePort).String()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	conn, err := c.ns.Dial(ctx, "tcp", dst)
+	if err != nil {
+		c.fail(failConnect, fmt.Sprintf("%s (%s): %v", s.name, dst, err))
+		return
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(c.timeout))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		c.fail(failNoAnswer, fmt.Sprintf("%s (%s): %v", s.name, dst, err))
+		return
+	}
+	addr, owner, ok := strings.Cut(strings.TrimSpace(line), " ")
+	got, err := strconv.Atoi(owner)
+	if !ok || err != nil {
+		c.fail(failBadAnswer, fmt.Sprintf("%s (%s): %q", s.name, dst, line))
+		return
+	}
+	if got != svc {
+		c.fail(failWrongSvc, fmt.Sprintf("%s (%s): answered by %s of %s", s.name, dst, addr, c.model[got].name))
+		return
+	}
+	c.ok.Add(1)
+}
+
+func (c *soakClients) fail(kind, what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failed[kind]++
+	if len(c.examples) < soakFailureExamples {
+		c.examples = append(c.examples, time.Now().UTC().Format("15:04:05.000")+" "+kind+": "+what)
+	}
+}
+
+// failures returns the failed connections so far, by kind, and their total.
+func (c *soakClients) failures() (map[string]int, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out, n := map[string]int{}, 0
+	for k, v := range c.failed {
+		out[k], n = v, n+v
+	}
+	return out, n
+}
