@@ -41,13 +41,10 @@ type affinityPrune struct {
 }
 
 // note records the endpoints of runs under their entries.
-func (a *affinityPrune) note(runs []slotRun, skip func(affinityEntry, netip.AddrPort) bool) {
+func (a *affinityPrune) note(runs []slotRun) {
 	for _, r := range runs {
 		e := entryOf(r.key)
 		for _, ep := range r.eps {
-			if skip != nil && skip(e, addrPort(ep)) {
-				continue
-			}
 			if a.targets[e] == nil {
 				a.targets[e] = map[netip.AddrPort]bool{}
 			}
@@ -80,7 +77,7 @@ func liveAffinity(pieces []*piece) *affinityPrune {
 	a := &affinityPrune{full: true, targets: map[affinityEntry]map[netip.AddrPort]bool{}}
 	for _, p := range pieces {
 		if p.affinity {
-			a.note(p.runs, nil)
+			a.note(p.runs)
 		}
 	}
 	return a
