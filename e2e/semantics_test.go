@@ -316,6 +316,10 @@ func TestSemSessionAffinity(t *testing.T) {
 	s.change(func() { s.write("web.yaml", web.yaml()) })
 	sources := s.semSources(12)
 	picks := s.semStickyPicks("after switching back to ClientIP", sources, 2)
+	// Different clients spread: that all 12 pick one of 3 pods has odds 3^-11.
+	if spread := len(slices.Compact(slices.Sorted(maps.Values(picks)))); spread < 2 {
+		t.Errorf("12 clients all stuck to one pod: %v", picks)
+	}
 
 	// Removing an endpoint releases its clients to the others; the clients
 	// of the others keep theirs.

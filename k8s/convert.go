@@ -136,80 +136,11 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []error) {
 // serviceBase checks the service-wide fields and returns a ServicePort that
 // holds them; ok is false when the service must be skipped.
 func serviceBase(svc *v1.Service, p *problems) (base ServicePort, ok bool) {
-	const skip = "service"
 	n := len(p.errs)
-	if err := checkObjectName(svc.Name, validation.IsDNS1035Label); err != nil {
-		p.add("metadata.name", skip, err)
-	}
-	if err := checkObjectName(svc.Namespace, validation.IsDNS1123Label); err != nil {
-		p.add("metadata.namespace", skip, err)
-	}
-	spec := &svc.Spec
-	switch spec.Type {
-	case "", v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
-	default:
-		p.add("spec.type", skip, reasonf(ErrInvalidValue, "unknown type %q", spec.Type))
-	}
-	if len(spec.Ports) == 0 {
-		p.add("spec.ports", skip, reasonf(ErrMissingField, "a service needs at least one port"))
-	}
-
-	clusterIPs := spec.ClusterIPs
-	field := "spec.clusterIPs"
-	if len(clusterIPs) == 0 && spec.ClusterIP != "" {
-		clusterIPs, field = []string{spec.ClusterIP}, "spec.clusterIP"
-	}
-	switch {
-	case len(clusterIPs) == 0:
-		p.add("spec.clusterIP", skip, reasonf(ErrMissingField, "no cluster IP"))
-	case len(clusterIPs) > 2:
-		p.add(field, skip, reasonf(ErrInvalidValue, "%d cluster IPs, at most one per family", len(clusterIPs)))
-	case spec.ClusterIP != "" && spec.ClusterIP != clusterIPs[0]:
-		p.add(field, skip, reasonf(ErrInvalidValue, "clusterIPs[0] %q differs from clusterIP %q", clusterIPs[0], spec.ClusterIP))
-	}
-	for i, s := range clusterIPs {
-		a, err := parseServiceIP(s, false)
-		if err != nil {
-			p.add(fmt.Sprintf("%s[%d]", field, i), skip, err)
-			continue
-		}
-		if len(base.ClusterIPs) == 1 && base.ClusterIPs[0].Is4() == a.Is4() {
-			p.add(fmt.Sprintf("%s[%d]", field, i), skip, reasonf(ErrInvalidValue, "two cluster IPs of one family"))
-			continue
-		}
-		base.ClusterIPs = append(base.ClusterIPs, a)
-	}
-	for i, s := range spec.ExternalIPs {
-		a, err := parseServiceIP(s, true)
-		if err != nil {
-			p.add(fmt.Sprintf("spec.externalIPs[%d]", i), skip, err)
-			continue
-		}
-		base.ExternalIPs = append(base.ExternalIPs, a)
-	}
-	if spec.Type == v1.ServiceTypeLoadBalancer {
-		for i, ing := range svc.Status.LoadBalancer.Ingress {
-			// Hostname-only ingresses have nothing to program; in Proxy
-			// mode the load balancer sends to the node, not to the VIP.
-			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
-				continue
-			}
-			a, err := parseServiceIP(ing.IP, false)
-			if err != nil {
-				p.add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), skip, err)
-				continue
-			}
-			base.LoadBalancerIPs = append(base.LoadBalancerIPs, a)
-		}
-	}
-	for i, s := range spec.LoadBalancerSourceRanges {
-		pfx, err := parsePrefix(s)
-		if err != nil {
-			p.add(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), skip, err)
-			continue
-		}
-		base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, pfx)
-	}
+	checkServiceKind(svc, p)
+	base.ClusterIPs = serviceClusterIPs(&svc.Spec, p)
+	base.ExternalIPs, base.LoadBalancerIPs = serviceExternalIPs(svc, p)
+	base.LoadBalancerSourceRanges = sourceRanges(svc.Spec.LoadBalancerSourceRanges, p)
 	// An address listed twice would give the compiler one key twice; the
 	// kernel refuses such a batch.
 	base.ClusterIPs = dedupSorted(base.ClusterIPs)
@@ -220,14 +151,122 @@ func serviceBase(svc *v1.Service, p *problems) (base ServicePort, ok bool) {
 		return slices.Contains(base.ClusterIPs, a) || slices.Contains(base.ExternalIPs, a)
 	}))
 	base.LoadBalancerSourceRanges = dedupPrefixes(base.LoadBalancerSourceRanges)
+	trafficPolicies(&svc.Spec, &base, p)
+	base.AffinityTimeout = affinityTimeout(&svc.Spec, p)
+	if td := svc.Spec.TrafficDistribution; td != nil {
+		base.TrafficDistribution = *td
+	}
+	base.Name = ServicePortName{Namespace: svc.Namespace, Name: svc.Name}
+	return base, len(p.errs) == n
+}
 
+// skipService is the problem's consequence for a service-wide field.
+const skipService = "service"
+
+// checkServiceKind checks the names, the type and that there are ports.
+func checkServiceKind(svc *v1.Service, p *problems) {
+	if err := checkObjectName(svc.Name, validation.IsDNS1035Label); err != nil {
+		p.add("metadata.name", skipService, err)
+	}
+	if err := checkObjectName(svc.Namespace, validation.IsDNS1123Label); err != nil {
+		p.add("metadata.namespace", skipService, err)
+	}
+	switch svc.Spec.Type {
+	case "", v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
+	default:
+		p.add("spec.type", skipService, reasonf(ErrInvalidValue, "unknown type %q", svc.Spec.Type))
+	}
+	if len(svc.Spec.Ports) == 0 {
+		p.add("spec.ports", skipService, reasonf(ErrMissingField, "a service needs at least one port"))
+	}
+}
+
+// serviceClusterIPs parses clusterIPs (or the older clusterIP): at most
+// one per family, the first equal to clusterIP.
+func serviceClusterIPs(spec *v1.ServiceSpec, p *problems) []netip.Addr {
+	clusterIPs := spec.ClusterIPs
+	field := "spec.clusterIPs"
+	if len(clusterIPs) == 0 && spec.ClusterIP != "" {
+		clusterIPs, field = []string{spec.ClusterIP}, "spec.clusterIP"
+	}
+	switch {
+	case len(clusterIPs) == 0:
+		p.add("spec.clusterIP", skipService, reasonf(ErrMissingField, "no cluster IP"))
+	case len(clusterIPs) > 2:
+		p.add(field, skipService, reasonf(ErrInvalidValue, "%d cluster IPs, at most one per family", len(clusterIPs)))
+	case spec.ClusterIP != "" && spec.ClusterIP != clusterIPs[0]:
+		p.add(field, skipService, reasonf(ErrInvalidValue, "clusterIPs[0] %q differs from clusterIP %q", clusterIPs[0], spec.ClusterIP))
+	}
+	var out []netip.Addr
+	for i, s := range clusterIPs {
+		a, err := parseServiceIP(s, false)
+		if err != nil {
+			p.add(fmt.Sprintf("%s[%d]", field, i), skipService, err)
+			continue
+		}
+		if len(out) == 1 && out[0].Is4() == a.Is4() {
+			p.add(fmt.Sprintf("%s[%d]", field, i), skipService, reasonf(ErrInvalidValue, "two cluster IPs of one family"))
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// serviceExternalIPs parses the external IPs and, for a load balancer, the
+// ingress addresses the load balancer sends to as VIPs.
+func serviceExternalIPs(svc *v1.Service, p *problems) (external, loadBalancer []netip.Addr) {
+	for i, s := range svc.Spec.ExternalIPs {
+		a, err := parseServiceIP(s, true)
+		if err != nil {
+			p.add(fmt.Sprintf("spec.externalIPs[%d]", i), skipService, err)
+			continue
+		}
+		external = append(external, a)
+	}
+	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		return external, nil
+	}
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		// Hostname-only ingresses have nothing to program; in Proxy
+		// mode the load balancer sends to the node, not to the VIP.
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+			continue
+		}
+		a, err := parseServiceIP(ing.IP, false)
+		if err != nil {
+			p.add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), skipService, err)
+			continue
+		}
+		loadBalancer = append(loadBalancer, a)
+	}
+	return external, loadBalancer
+}
+
+// sourceRanges parses loadBalancerSourceRanges.
+func sourceRanges(ranges []string, p *problems) []netip.Prefix {
+	var out []netip.Prefix
+	for i, s := range ranges {
+		pfx, err := parsePrefix(s)
+		if err != nil {
+			p.add(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), skipService, err)
+			continue
+		}
+		out = append(out, pfx)
+	}
+	return out
+}
+
+// trafficPolicies sets the external and internal traffic policies and the
+// health check node port that goes with eTP=Local on a load balancer.
+func trafficPolicies(spec *v1.ServiceSpec, base *ServicePort, p *problems) {
 	switch spec.ExternalTrafficPolicy {
 	case "", v1.ServiceExternalTrafficPolicyCluster:
 	case v1.ServiceExternalTrafficPolicyLocal:
 		// Local only changes traffic that comes from outside the cluster.
 		base.ExternalPolicyLocal = spec.Type == v1.ServiceTypeNodePort || spec.Type == v1.ServiceTypeLoadBalancer || len(spec.ExternalIPs) > 0
 	default:
-		p.add("spec.externalTrafficPolicy", skip, reasonf(ErrInvalidValue, "unknown policy %q", spec.ExternalTrafficPolicy))
+		p.add("spec.externalTrafficPolicy", skipService, reasonf(ErrInvalidValue, "unknown policy %q", spec.ExternalTrafficPolicy))
 	}
 	if itp := spec.InternalTrafficPolicy; itp != nil {
 		switch *itp {
@@ -235,36 +274,36 @@ func serviceBase(svc *v1.Service, p *problems) (base ServicePort, ok bool) {
 		case v1.ServiceInternalTrafficPolicyLocal:
 			base.InternalPolicyLocal = true
 		default:
-			p.add("spec.internalTrafficPolicy", skip, reasonf(ErrInvalidValue, "unknown policy %q", *itp))
+			p.add("spec.internalTrafficPolicy", skipService, reasonf(ErrInvalidValue, "unknown policy %q", *itp))
 		}
 	}
 	if spec.Type == v1.ServiceTypeLoadBalancer && spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal {
 		if hc := spec.HealthCheckNodePort; hc < 0 || hc > 65535 {
-			p.add("spec.healthCheckNodePort", skip, reasonf(ErrPortRange, "%d not in 1-65535", hc))
+			p.add("spec.healthCheckNodePort", skipService, reasonf(ErrPortRange, "%d not in 1-65535", hc))
 		} else {
 			base.HealthCheckNodePort = uint16(hc)
 		}
 	}
+}
+
+// affinityTimeout is the ClientIP affinity's timeout; 0 without affinity.
+func affinityTimeout(spec *v1.ServiceSpec, p *problems) time.Duration {
 	switch spec.SessionAffinity {
 	case "", v1.ServiceAffinityNone:
+		return 0
 	case v1.ServiceAffinityClientIP:
 		secs := v1.DefaultClientIPServiceAffinitySeconds
 		if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 			secs = *c.ClientIP.TimeoutSeconds
 		}
 		if secs <= 0 || secs > maxAffinitySeconds {
-			p.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", skip,
+			p.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", skipService,
 				reasonf(ErrInvalidValue, "%d not in 1-%d", secs, maxAffinitySeconds))
 		}
-		base.AffinityTimeout = time.Duration(secs) * time.Second
-	default:
-		p.add("spec.sessionAffinity", skip, reasonf(ErrInvalidValue, "unknown affinity %q", spec.SessionAffinity))
+		return time.Duration(secs) * time.Second
 	}
-	if td := spec.TrafficDistribution; td != nil {
-		base.TrafficDistribution = *td
-	}
-	base.Name = ServicePortName{Namespace: svc.Namespace, Name: svc.Name}
-	return base, len(p.errs) == n
+	p.add("spec.sessionAffinity", skipService, reasonf(ErrInvalidValue, "unknown affinity %q", spec.SessionAffinity))
+	return 0
 }
 
 func serviceType(t v1.ServiceType) v1.ServiceType {

@@ -91,6 +91,14 @@ const (
 	FieldDaddr                // ip daddr / ip6 daddr
 	FieldL4Proto              // meta l4proto
 	FieldTHDport              // th dport
+	// The connection's addresses and ports as conntrack holds them, after
+	// DNAT: the original destination (the service) and the reply's source
+	// (the endpoint). nft types the ports only after a layer 4 protocol
+	// match in the same rule.
+	FieldCtOriginalDaddr    // ct original ip daddr
+	FieldCtOriginalProtoDst // ct original proto-dst
+	FieldCtReplySaddr       // ct reply ip saddr
+	FieldCtReplyProtoSrc    // ct reply proto-src
 )
 
 // Expr is one expression of a rule. The set of expressions is closed: only the
@@ -163,6 +171,17 @@ type UpdateSet struct {
 	Set string
 }
 
+// UpdateMap adds the concatenation of Key, mapped to the concatenation of
+// Data, to a dynamic map with timeouts, with the given Timeout; an element
+// with that key already there keeps its value and has its timeout renewed
+// (session affinity remembers a client's endpoint so).
+type UpdateMap struct {
+	Key     []Field
+	Data    []Field
+	Map     string
+	Timeout time.Duration
+}
+
 // MarkOr sets bits in the packet mark.
 type MarkOr struct{ Bits uint32 }
 
@@ -176,6 +195,10 @@ type MarkXor struct{ Bits uint32 }
 type DNATMap struct {
 	Key    []Field
 	Numgen uint32
+	// Offset is added to the random number (numgen … offset Offset): a
+	// second run of slots under the same key, such as a service's local
+	// endpoints, starts there.
+	Offset uint32
 	Map    string
 }
 
@@ -216,6 +239,7 @@ func (MatchMark) isExpr()               {}
 func (MatchFibDaddrLocal) isExpr()      {}
 func (MatchFibSaddrLocal) isExpr()      {}
 func (UpdateSet) isExpr()               {}
+func (UpdateMap) isExpr()               {}
 func (MatchCtStateInvalid) isExpr()     {}
 func (MatchCtStatusDNAT) isExpr()       {}
 func (MatchCtStateEstablished) isExpr() {}
@@ -248,11 +272,14 @@ const (
 // Set is a named set (Data empty) or map (Data set). A verdict map has
 // Data == []DataType{TypeVerdict}.
 type Set struct {
-	Name     string
-	Key      []DataType
-	Data     []DataType
-	Typeof   *Typeof       // nil: declared by Key and Data (`type …`)
-	Timeout  time.Duration // default element timeout; 0 for none
+	Name    string
+	Key     []DataType
+	Data    []DataType
+	Typeof  *Typeof       // nil: declared by Key and Data (`type …`)
+	Timeout time.Duration // default element timeout; 0 for none
+	// Size bounds the elements of a set with a timeout, which the packet
+	// path fills; 0 is nft's default, 65535.
+	Size     uint32
 	Elements []Element
 }
 
@@ -274,6 +301,18 @@ func (t *Typeof) Equal(o *Typeof) bool {
 		return t == o
 	}
 	return slices.Equal(t.Key, o.Key) && t.KeyNumgen == o.KeyNumgen && slices.Equal(t.Data, o.Data)
+}
+
+// DefaultTimeoutSetSize is the size nft gives a set with a timeout unless
+// told otherwise.
+const DefaultTimeoutSetSize = 65535
+
+// DeclaredSize is the size a set with a timeout is declared with.
+func (s *Set) DeclaredSize() uint32 {
+	if s.Size == 0 {
+		return DefaultTimeoutSetSize
+	}
+	return s.Size
 }
 
 // IsVerdictMap tells whether the set maps keys to verdicts.

@@ -55,7 +55,7 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 	}
 	b.WriteString("\n")
 	if s.Timeout > 0 {
-		b.WriteString("\t\tsize 65535\n\t\tflags dynamic,timeout\n")
+		fmt.Fprintf(b, "\t\tsize %d\n\t\tflags dynamic,timeout\n", s.DeclaredSize())
 		fmt.Fprintf(b, "\t\ttimeout %s\n", formatDuration(s.Timeout))
 	}
 	if len(s.Elements) > 0 {
@@ -334,6 +334,8 @@ func renderExpr(f Family, e Expr) string {
 		return "fib saddr type local"
 	case UpdateSet:
 		return fmt.Sprintf("update @%s { %s }", e.Set, fieldsName(f, e.Key))
+	case UpdateMap:
+		return renderUpdateMap(f, e)
 	case MatchCtStateInvalid:
 		return "ct state invalid"
 	case MatchCtStatusDNAT:
@@ -367,7 +369,7 @@ func renderExpr(f Family, e Expr) string {
 	case MarkXor:
 		return fmt.Sprintf("meta mark set meta mark ^ 0x%08x", e.Bits)
 	case DNATMap:
-		return fmt.Sprintf("dnat %s to %s map @%s", f, keyExprs(f, e.Key, e.Numgen), e.Map)
+		return fmt.Sprintf("dnat %s to %s%s map @%s", f, keyExprs(f, e.Key, e.Numgen), numgenOffset(e.Offset), e.Map)
 	case DNAT:
 		return fmt.Sprintf("meta l4proto %s dnat to %s", protoName(e.Proto), netip.AddrPortFrom(e.Addr, e.Port))
 	case Masquerade:
@@ -409,6 +411,14 @@ func fieldName(f Family, fl Field) string {
 		return f.String() + " daddr"
 	case FieldL4Proto:
 		return "meta l4proto"
+	case FieldCtOriginalDaddr:
+		return "ct original " + f.String() + " daddr"
+	case FieldCtOriginalProtoDst:
+		return "ct original proto-dst"
+	case FieldCtReplySaddr:
+		return "ct reply " + f.String() + " saddr"
+	case FieldCtReplyProtoSrc:
+		return "ct reply proto-src"
 	default:
 		return "th dport"
 	}
@@ -470,4 +480,17 @@ func formatDuration(d time.Duration) string {
 		return "0s"
 	}
 	return b.String()
+}
+
+// numgenOffset renders a numgen's offset; none when 0, as nft lists it.
+func numgenOffset(off uint32) string {
+	if off == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" offset %d", off)
+}
+
+// renderUpdateMap renders an UpdateMap as nft lists it.
+func renderUpdateMap(f Family, e UpdateMap) string {
+	return fmt.Sprintf("update @%s { %s timeout %s : %s }", e.Map, fieldsName(f, e.Key), formatDuration(e.Timeout), fieldsName(f, e.Data))
 }

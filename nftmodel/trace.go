@@ -164,6 +164,7 @@ type walk struct {
 	sport, dport uint16
 	mark         uint32
 	dnat         netip.AddrPort // valid once DNATed
+	orig         netip.AddrPort // the destination before DNAT, once DNATed
 	masq         bool
 	choices      []int
 	slot         uint32 // the numgen value of the rule about to run
@@ -296,7 +297,7 @@ func (t *tracer) run(w *walk) {
 			continue
 		}
 		r := top.chain.Rules[top.next]
-		if n := ruleNumgen(r); n > 0 && !w.slotChosen {
+		if n := ruleNumgen(r); n > 0 && !w.slotChosen && t.matchesBeforeNumgen(w, r) {
 			// The rule looks a random slot up: each value is a branch that
 			// evaluates the rule with it.
 			text := top.chain.Name + ": " + RenderRule(t.rs.Family, r)
@@ -492,6 +493,8 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			}
 		case UpdateSet:
 			// Affinity state is not modelled: a new client is in no set.
+		case UpdateMap:
+			notes = append(notes, traceUpdateMap(e))
 		case MatchCtStateInvalid:
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}
@@ -532,7 +535,7 @@ func (t *tracer) eval(w *walk, r Rule) action {
 		case DNATMap:
 			want := w.fields(e.Key)
 			if e.Numgen > 0 {
-				want = append(want, N(w.slot))
+				want = append(want, N(w.slot+e.Offset))
 			}
 			el, ok := t.lookupValues(e.Map, want)
 			if !ok {
@@ -592,6 +595,9 @@ func verdictAction(v Verdict, fromMap bool) action {
 }
 
 func (w *walk) doDNAT(addr netip.Addr, port uint16) action {
+	if !w.dnat.IsValid() {
+		w.orig = netip.AddrPortFrom(w.dst, w.dport)
+	}
 	w.dst, w.dport = addr.Unmap(), port
 	w.dnat = netip.AddrPortFrom(w.dst, w.dport)
 	return action{kind: actAccept, note: "dnat to " + w.dnat.String()}
@@ -608,6 +614,8 @@ func (w *walk) field(f Field) Value {
 		return N(uint32(w.proto))
 	case FieldTHDport:
 		return N(uint32(w.dport))
+	case FieldCtOriginalDaddr, FieldCtOriginalProtoDst, FieldCtReplySaddr, FieldCtReplyProtoSrc:
+		return w.ctField(f)
 	}
 	panic(fmt.Sprintf("nftmodel: trace: unknown field %d", f))
 }
@@ -625,6 +633,17 @@ func (w *walk) fields(fs []Field) []Value {
 		out[i] = w.field(f)
 	}
 	return out
+}
+
+// matchesBeforeNumgen tells whether the expressions before a rule's
+// numgen lookup match the packet: a rule that can't match draws no
+// number, and its slots would be branches that all end alike.
+func (t *tracer) matchesBeforeNumgen(w *walk, r Rule) bool {
+	i := slices.IndexFunc(r.Exprs, func(e Expr) bool { d, ok := e.(DNATMap); return ok && d.Numgen > 0 })
+	if i <= 0 {
+		return true
+	}
+	return t.eval(w.clone(), Rule{Exprs: r.Exprs[:i]}).kind != actNoMatch
 }
 
 // ruleNumgen is the modulus of the numgen a rule's map lookup draws, 0 for
@@ -651,3 +670,26 @@ func (t *tracer) lookupValues(name string, want []Value) (Element, bool) {
 	}
 	return Element{}, false
 }
+
+// ctField is a conntrack field's value for the packet's connection: the
+// original destination is the one before DNAT, the reply's source the
+// destination now.
+func (w *walk) ctField(f Field) Value {
+	orig := netip.AddrPortFrom(w.dst, w.dport)
+	if w.dnat.IsValid() {
+		orig = w.orig
+	}
+	switch f {
+	case FieldCtOriginalDaddr:
+		return A(orig.Addr())
+	case FieldCtOriginalProtoDst:
+		return N(uint32(orig.Port()))
+	case FieldCtReplySaddr:
+		return A(w.dst)
+	}
+	return N(uint32(w.dport)) // FieldCtReplyProtoSrc
+}
+
+// traceUpdateMap notes an UpdateMap: the tracer keeps no affinity state, so
+// the next packet is as new as this one.
+func traceUpdateMap(e UpdateMap) string { return "remembered in @" + e.Map }

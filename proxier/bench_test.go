@@ -180,6 +180,29 @@ func wideSnapshot(n int) *k8s.Snapshot {
 	return &k8s.Snapshot{Services: []k8s.ServicePort{sp}, Node: k8s.Node{Name: "node-1"}}
 }
 
+// withWide returns snap with its one service port changed by mod.
+func withWide(snap *k8s.Snapshot, mod func(*k8s.ServicePort)) *k8s.Snapshot {
+	sp := snap.Services[0]
+	sp.Endpoints = append([]k8s.Endpoint(nil), sp.Endpoints...)
+	mod(&sp)
+	return &k8s.Snapshot{Services: []k8s.ServicePort{sp}, Node: snap.Node}
+}
+
+// wideLocalPolicy gives the service a NodePort with externalTrafficPolicy
+// Local and puts every other endpoint on this node.
+func wideLocalPolicy(sp *k8s.ServicePort) {
+	sp.NodePort = 30080
+	sp.ExternalPolicyLocal = true
+	for j := range sp.Endpoints {
+		if sp.Endpoints[j].Addr.As4()[3]%2 == 0 {
+			sp.Endpoints[j].NodeName = "node-1"
+		}
+	}
+}
+
+// wideAffinity gives the service ClientIP session affinity.
+func wideAffinity(sp *k8s.ServicePort) { sp.AffinityTimeout = 3 * time.Hour }
+
 // withWideEndpointReplaced replaces endpoint i of the one service by
 // address number to (kept sorted: to is past every other).
 func withWideEndpointReplaced(snap *k8s.Snapshot, i int, to uint32) *k8s.Snapshot {
@@ -202,9 +225,17 @@ func BenchmarkKernelSync(b *testing.B) {
 		{name: "1x5000"},
 		{name: "1666x3"},
 		{name: "10000x3"},
+		{name: "1x5000-etp-local"},
+		{name: "1x5000-affinity"},
 	}
 	workloads[0].snap = wideSnapshot(5000)
 	workloads[0].next = withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20)
+	workloads[3].snap = withWide(wideSnapshot(5000), wideLocalPolicy)
+	// A remote endpoint replaced by a remote one (odd addresses are on
+	// other nodes): the local count stays, as the endpoint count does.
+	workloads[3].next = withWide(withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20+1), wideLocalPolicy)
+	workloads[4].snap = withWide(wideSnapshot(5000), wideAffinity)
+	workloads[4].next = withWide(withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20), wideAffinity)
 	workloads[1].snap = benchSnapshot(1666)
 	workloads[1].next = withEndpointChanged(workloads[1].snap, 833, 1<<20)
 	workloads[2].snap = benchSnapshot(10000)
@@ -232,6 +263,9 @@ func BenchmarkKernelSync(b *testing.B) {
 				cpu += cpuTime() - start
 			}
 			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			rs := proxier.Compile(w.snap, benchConfig)
+			b.ReportMetric(float64(len(rs.Chains)), "chains")
+			b.ReportMetric(float64(len(rs.Sets)), "sets+maps")
 		})
 		b.Run("endpoint-replaced/"+w.name, func(b *testing.B) {
 			ns := netns.New(b, "pxb")

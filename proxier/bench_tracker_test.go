@@ -122,6 +122,8 @@ func BenchmarkEndpointReplaced(b *testing.B) {
 	}{
 		{"1x5000", wide, withWideEndpointReplaced(wide, 2500, 1<<20), 0},
 		{"1666x3", small, withEndpointChanged(small, 833, 1<<20), 833},
+		{"1x5000-etp-local", withWide(wide, wideLocalPolicy), withWide(withWideEndpointReplaced(wide, 2500, 1<<20+1), wideLocalPolicy), 0},
+		{"1x5000-affinity", withWide(wide, wideAffinity), withWide(withWideEndpointReplaced(wide, 2500, 1<<20), wideAffinity), 0},
 	} {
 		b.Run(w.name, func(b *testing.B) {
 			var k nopKernel

@@ -2,9 +2,12 @@ package proxier
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -72,7 +75,11 @@ func (c Config) addrInFamily(a netip.Addr) bool {
 var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
 
 var (
-	vipKey      = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	vipKey    = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	clientKey = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
+	// A connection's client key and endpoint after DNAT, from conntrack.
+	connKey     = []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}
+	connTarget  = []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}
 	nodePortKey = []m.Field{m.FieldL4Proto, m.FieldTHDport}
 	targetKey   = []m.Field{m.FieldDaddr, m.FieldTHDport} // what a DNAT target is
 )
@@ -81,6 +88,23 @@ var (
 // name: there it only gives the slot its type (a 32-bit integer), so it
 // reads as "any slot".
 const typeofSlotModulus = 65536
+
+// affinityMapTimeout is the affinity map's declared timeout, kube-proxy's
+// default affinity; elements carry their service's.
+const affinityMapTimeout = 3 * time.Hour
+
+// affinityMapSize bounds the clients the affinity map remembers on a node,
+// for every service: 16 times what each per-endpoint set of kube-proxy
+// holds (nft's default, 65535); at worst (a flood of new sources) on the
+// order of 100-200 MB of kernel memory (an estimate: a hash element of
+// ~100-200 bytes each). A client the full map can't take is picked at
+// random, without affinity.
+const affinityMapSize = 1 << 20
+
+// affinityProtocols are the protocols whose connections affinity
+// remembers: nft types `ct original proto-dst` only after a protocol match,
+// so each has its rule.
+var affinityProtocols = []uint8{6, 17, 132}
 
 // Compile builds the ruleset of one family from a snapshot. It is pure and
 // deterministic: the same input gives the same ruleset, sorted, every
@@ -111,8 +135,8 @@ type piece struct {
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
 	slotOrders []slotOrder // the order of each endpoint list in the slots
-	sets       []*m.Set    // its own (affinity sets)
-	chains     []*m.Chain  // its own (affinity, eTP=Local, firewall)
+	chains     []*m.Chain  // its own (firewall)
+	affinity   bool        // it fills the affinity map
 }
 
 // slotRun stands for the elements of one service port key in an endpoint
@@ -122,12 +146,21 @@ type slotRun struct {
 	set *m.Set
 	key []m.Value
 	eps []k8s.Endpoint // in slot order
+	// offset is the first slot's number: 0, or localSlotOffset for the
+	// local endpoints of an eTP=Local service port's external key.
+	offset uint32
 }
+
+// localSlotOffset is where the slots of an eTP=Local service port's local
+// endpoints start, under the same key as its cluster-wide slots: far enough
+// that the cluster-wide ones never reach it, so neither list moves when the
+// other changes length.
+const localSlotOffset = 65536
 
 // element is slot i's element; keys and data are taken from the fronts of
 // the buffers given, which must have room.
 func (r slotRun) element(i int, keys, data []m.Value) m.Element {
-	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(uint32(i)))
+	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(r.offset+uint32(i)))
 	d := append(data[:0:2], m.A(r.eps[i].Addr), m.N(uint32(r.eps[i].Port)))
 	return m.Element{Key: k, Data: d}
 }
@@ -154,8 +187,10 @@ type keyedElement struct {
 // sharedObj names a chain service ports share: the dispatch chain of one
 // endpoint count for one kind of traffic.
 type sharedObj struct {
-	kind sharedKind
-	n    int // endpoint count
+	kind     sharedKind
+	n        int  // endpoint count; the timeout in seconds for affinityUpdate
+	local    int  // local endpoint count, for the eTP=Local kinds
+	affinity bool // a client's remembered endpoint first (session affinity)
 }
 
 // sharedKind orders the shared objects as the ruleset lists them.
@@ -165,10 +200,23 @@ const (
 	clusterDispatch sharedKind = iota
 	externalDispatch
 	nodePortDispatch
+	externalLocalDispatch // eTP=Local: external traffic from outside to local endpoints
+	nodePortLocalDispatch
+	affinityUpdate // remembers a new connection's endpoint for n seconds
 )
 
 func compareShared(a, b sharedObj) int {
-	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.n, b.n))
+	return cmp.Or(cmp.Compare(a.kind, b.kind), compareBool(a.affinity, b.affinity), cmp.Compare(a.n, b.n), cmp.Compare(a.local, b.local))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
 }
 
 // compiler holds what every piece of one family's ruleset depends on
@@ -184,10 +232,12 @@ type compiler struct {
 	npT          []m.DataType
 
 	// Declarations of the shared sets, without elements.
-	serviceIPs, serviceNodePorts       *m.Set
-	noEndpointIPs, noEndpointNodePorts *m.Set
-	hairpin, firewallIPs, clusterIPs   *m.Set
-	endpoints, nodePortEndpoints       *m.Set
+	serviceIPs, serviceNodePorts        *m.Set
+	noEndpointIPs, noEndpointNodePorts  *m.Set
+	hairpin, firewallIPs, clusterIPs    *m.Set
+	endpoints, nodePortEndpoints        *m.Set
+	affinity                            *m.Set
+	affinityServices, affinityNodePorts *m.Set
 	// slots is the assignment the pieces' slot orders follow.
 	slots Slots
 
@@ -235,6 +285,12 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 		Typeof: &m.Typeof{Key: vipKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
 	c.nodePortEndpoints = &m.Set{Name: mapNodePortEndpoints, Key: append(slices.Clone(c.npT), m.TypeInteger), Data: c.targetT,
 		Typeof: &m.Typeof{Key: nodePortKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
+	// The map's own timeout is only its declaration's: every element gets
+	// its service's from the rule that adds it.
+	c.affinity = &m.Set{Name: mapAffinity, Key: []m.DataType{addrT, addrT, m.TypeInetProto, m.TypeInetService}, Data: c.targetT,
+		Typeof: &m.Typeof{Key: clientKey, Data: targetKey}, Timeout: affinityMapTimeout, Size: affinityMapSize}
+	c.affinityServices = &m.Set{Name: mapAffinityServices, Key: c.vipT, Data: verdict}
+	c.affinityNodePorts = &m.Set{Name: mapAffinityNodePorts, Key: c.npT, Data: verdict}
 	return c
 }
 
@@ -254,107 +310,168 @@ func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
 // order the ruleset lists them.
 func (c *compiler) fixedSets() []*m.Set {
 	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
-		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints}
+		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints,
+		c.affinity, c.affinityServices, c.affinityNodePorts}
 }
 
-// piece compiles one service port.
+// piece compiles one service port: its ClusterIPs, its external
+// addresses (external IPs and load balancer IPs) and its node port.
 func (c *compiler) piece(sp *k8s.ServicePort) *piece {
-	p := &piece{}
 	// Like kube-proxy, a family's table only serves services with a
 	// ClusterIP of that family: an external or load balancer address of the
 	// other family is not the service's business there.
 	if !c.hasFamilyAddress(sp) {
-		return p
+		return &piece{}
 	}
-	choice := chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
-	internal := choice.internal(sp)
-	// Room for the elements at once: a key per address and the node port,
-	// each with its endpoints' slots.
+	b := c.newPieceBuilder(sp)
+	for _, ip := range sp.ClusterIPs {
+		if c.cfg.addrInFamily(ip) {
+			b.clusterIP(ip)
+		}
+	}
+	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		if c.cfg.addrInFamily(ip) {
+			b.externalIP(ip)
+		}
+	}
+	if sp.NodePort != 0 {
+		b.nodePort()
+	}
+	return b.p
+}
+
+// pieceBuilder compiles the piece of one service port, one address at a
+// time.
+type pieceBuilder struct {
+	c       *compiler
+	sp      *k8s.ServicePort
+	p       *piece
+	choice  endpointChoice
+	proto   m.Value
+	comment string
+}
+
+func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
+	b := &pieceBuilder{c: c, sp: sp, p: &piece{},
+		choice:  chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) }),
+		proto:   m.N(uint32(sp.Name.Protocol.Number())),
+		comment: sp.Name.String(),
+	}
+	// Room for the elements at once: a key per address and the node port.
 	keys := len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 	if sp.NodePort != 0 {
 		keys++
 	}
-	p.elements = make([]keyedElement, 0, keys)
-	p.uses = make([]sharedObj, 0, keys)
-	p.hairpin = hairpinAddrs(choice)
-	proto := m.N(uint32(sp.Name.Protocol.Number()))
-	port := m.N(uint32(sp.Port))
-	comment := sp.Name.String()
-	// Affinity and eTP=Local need chains of their own; everything else
-	// shares the dispatch chains and the endpoint maps.
-	var own *serviceChains
-	if sp.AffinityTimeout > 0 || sp.ExternalPolicyLocal {
-		own = c.serviceChains(p, sp, choice)
-	}
-	noEndpoints := func(set *m.Set, key []m.Value, drop bool) {
-		v := rejectVerdict
-		if drop {
-			v = &m.Verdict{Kind: m.Drop}
-		}
-		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: v}})
-	}
-	dispatch := func(set *m.Set, key []m.Value, chain string) {
-		p.elements = append(p.elements, keyedElement{set, m.Element{Key: key, Comment: comment, Verdict: c.gotoVerdict(chain)}})
-	}
-	// shared dispatches through the chain of kind for len(eps) endpoints
-	// and puts endpoint i into slot i of the map targets.
-	shared := func(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
-		eps = c.slotsOf(p, slotsKey{sp.Name, local}, eps)
-		obj := sharedObj{kind, len(eps)}
-		dispatch(set, key, c.sharedChainName(obj))
-		p.uses = append(p.uses, obj)
-		p.runs = append(p.runs, slotRun{set: targets, key: key, eps: eps})
-	}
+	b.p.elements = make([]keyedElement, 0, keys)
+	b.p.uses = make([]sharedObj, 0, keys)
+	b.p.hairpin = hairpinAddrs(b.choice)
+	return b
+}
 
-	for _, ip := range sp.ClusterIPs {
-		if !c.cfg.addrInFamily(ip) {
-			continue
-		}
-		if !slices.Contains(p.clusterIPs, ip) {
-			p.clusterIPs = append(p.clusterIPs, ip)
-		}
-		key := []m.Value{m.A(ip), proto, port}
-		switch {
-		case len(internal) == 0:
-			// iTP=Local without local endpoints drops, like kube-proxy;
-			// no endpoints at all rejects.
-			noEndpoints(c.noEndpointIPs, key, sp.InternalPolicyLocal && len(choice.cluster) > 0)
-		case sp.AffinityTimeout > 0:
-			dispatch(c.serviceIPs, key, own.internal)
-		default:
-			shared(c.serviceIPs, key, clusterDispatch, c.endpoints, sp.InternalPolicyLocal, internal)
-		}
+// clusterIP dispatches traffic to one ClusterIP.
+func (b *pieceBuilder) clusterIP(ip netip.Addr) {
+	if !slices.Contains(b.p.clusterIPs, ip) {
+		b.p.clusterIPs = append(b.p.clusterIPs, ip)
 	}
-	// External traffic: eTP=Local keeps it on this node (own chains);
-	// otherwise it shares the chains that masquerade everything.
-	external := func(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind sharedKind, targets *m.Set) {
-		switch {
-		case len(choice.cluster) == 0:
-			noEndpoints(noEndpointSet, key, false)
-		case own != nil:
-			dispatch(dispatchSet, key, own.external)
-		default:
-			shared(dispatchSet, key, kind, targets, false, choice.cluster)
-		}
+	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
+	internal := b.choice.internal(b.sp)
+	switch {
+	case len(internal) == 0:
+		// iTP=Local without local endpoints drops, like kube-proxy;
+		// no endpoints at all rejects.
+		b.noEndpoints(b.c.noEndpointIPs, key, b.sp.InternalPolicyLocal && len(b.choice.cluster) > 0)
+	default:
+		b.shared(b.c.serviceIPs, key, clusterDispatch, b.c.endpoints, b.sp.InternalPolicyLocal, internal)
 	}
-	for _, ip := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
-		if !c.cfg.addrInFamily(ip) {
-			continue
-		}
-		key := []m.Value{m.A(ip), proto, port}
-		external(key, c.serviceIPs, c.noEndpointIPs, externalDispatch, c.endpoints)
-		// Like kube-proxy, only ranges of the compiled family filter: a
-		// family without any leaves its load balancer addresses open.
-		if slices.ContainsFunc(sp.LoadBalancerSourceRanges, c.cfg.inFamily) && slices.Contains(sp.LoadBalancerIPs, ip) {
-			c.firewall(p, sp, key)
-		}
+}
+
+// externalIP dispatches traffic to one external or load balancer address,
+// behind the load balancer's source ranges when it has some.
+func (b *pieceBuilder) externalIP(ip netip.Addr) {
+	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
+	b.external(key, b.c.serviceIPs, b.c.noEndpointIPs, externalDispatch, externalLocalDispatch, b.c.endpoints)
+	// Like kube-proxy, only ranges of the compiled family filter: a
+	// family without any leaves its load balancer addresses open.
+	if slices.ContainsFunc(b.sp.LoadBalancerSourceRanges, b.c.cfg.inFamily) && slices.Contains(b.sp.LoadBalancerIPs, ip) {
+		b.c.firewall(b.p, b.sp, key)
 	}
-	if sp.NodePort == 0 {
-		return p
+}
+
+// nodePort dispatches traffic to the node port.
+func (b *pieceBuilder) nodePort() {
+	key := []m.Value{b.proto, m.N(uint32(b.sp.NodePort))}
+	b.external(key, b.c.serviceNodePorts, b.c.noEndpointNodePorts, nodePortDispatch, nodePortLocalDispatch, b.c.nodePortEndpoints)
+}
+
+// external dispatches external traffic: eTP=Local keeps traffic from
+// outside on this node; otherwise it shares the chains that masquerade
+// everything.
+func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind, localKind sharedKind, targets *m.Set) {
+	switch {
+	case len(b.choice.cluster) == 0:
+		b.noEndpoints(noEndpointSet, key, false)
+	case b.sp.ExternalPolicyLocal:
+		b.sharedLocal(dispatchSet, key, localKind, targets)
+	default:
+		b.shared(dispatchSet, key, kind, targets, false, b.choice.cluster)
 	}
-	key := []m.Value{proto, m.N(uint32(sp.NodePort))}
-	external(key, c.serviceNodePorts, c.noEndpointNodePorts, nodePortDispatch, c.nodePortEndpoints)
-	return p
+}
+
+// sharedLocal dispatches eTP=Local traffic through the chain for its
+// cluster-wide and local endpoint counts; the local endpoints take the
+// slots from localSlotOffset under the same key.
+func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set) {
+	cluster := b.c.slotsOf(b.p, slotsKey{b.sp.Name, false}, b.choice.cluster)
+	local := b.c.slotsOf(b.p, slotsKey{b.sp.Name, true}, b.choice.local)
+	obj := sharedObj{kind: kind, n: len(cluster), local: len(local), affinity: b.sp.AffinityTimeout > 0}
+	b.dispatch(set, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
+	b.remember(set, key)
+	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: cluster})
+	if len(local) > 0 {
+		b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: local, offset: localSlotOffset})
+	}
+}
+
+// noEndpoints refuses traffic to key: rejects it, or drops it.
+func (b *pieceBuilder) noEndpoints(set *m.Set, key []m.Value, drop bool) {
+	v := rejectVerdict
+	if drop {
+		v = &m.Verdict{Kind: m.Drop}
+	}
+	b.p.elements = append(b.p.elements, keyedElement{set, m.Element{Key: key, Comment: b.comment, Verdict: v}})
+}
+
+// dispatch sends traffic to key to chain.
+func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
+	b.p.elements = append(b.p.elements, keyedElement{set, m.Element{Key: key, Comment: b.comment, Verdict: b.c.gotoVerdict(chain)}})
+}
+
+// shared dispatches through the chain of kind for len(eps) endpoints and
+// puts endpoint i into slot i of the map targets.
+func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
+	eps = b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
+	obj := sharedObj{kind: kind, n: len(eps), affinity: b.sp.AffinityTimeout > 0}
+	b.dispatch(set, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
+	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: eps})
+	b.remember(set, key)
+}
+
+// remember makes the connections to key (of the dispatch map set) fill
+// the affinity map, with the service port's timeout, when it has affinity.
+func (b *pieceBuilder) remember(set *m.Set, key []m.Value) {
+	if b.sp.AffinityTimeout <= 0 {
+		return
+	}
+	b.p.affinity = true
+	entries := b.c.affinityServices
+	if set == b.c.serviceNodePorts {
+		entries = b.c.affinityNodePorts
+	}
+	obj := sharedObj{kind: affinityUpdate, n: int(b.sp.AffinityTimeout / time.Second)}
+	b.dispatch(entries, key, b.c.sharedChainName(obj))
+	b.p.uses = append(b.p.uses, obj)
 }
 
 // hairpinAddrs lists the addresses of the endpoints a service port may
@@ -435,7 +552,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	}
 	hairpin, clusterIPs := make(map[netip.Addr]bool, nHairpin), make(map[netip.Addr]bool, nClusterIPs)
 	used := map[sharedObj]bool{}
-	var ownSets []*m.Set
 	var ownChains []*m.Chain
 	for _, p := range pieces {
 		for _, ke := range p.elements {
@@ -453,7 +569,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, o := range p.uses {
 			used[o] = true
 		}
-		ownSets = append(ownSets, p.sets...)
 		ownChains = append(ownChains, p.chains...)
 	}
 	elements[c.hairpin] = make([]m.Element, 0, len(hairpin))
@@ -476,7 +591,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for _, s := range c.fixedSets() {
 		rs.Sets = append(rs.Sets, withElements(s))
 	}
-	rs.Sets = append(rs.Sets, ownSets...)
 	rs.Chains = append(c.baseChains(), c.fixedChains()...)
 	for _, o := range objs {
 		rs.Chains = append(rs.Chains, c.sharedChain(o))
@@ -503,8 +617,12 @@ func (c *compiler) baseChains() []*m.Chain {
 		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
 	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
+	// Session affinity remembers where a new connection went, once DNAT
+	// has chosen (in output for the node's own connections).
+	remember := m.Rule{Exprs: []m.Expr{m.MatchCtStateEstablished{Negate: true}, m.MatchCtStatusDNAT{},
+		m.Verdict{Kind: m.Jump, Chain: chainAffinityCheck}}}
 	var input []m.Rule
-	output := []m.Rule{jump(chainEndpointsCheck)}
+	output := []m.Rule{jump(chainEndpointsCheck), remember}
 	if guard, ok := c.localnetGuard(); ok {
 		input = append([]m.Rule{guard}, input...)
 		output = append([]m.Rule{guard}, output...)
@@ -522,7 +640,7 @@ func (c *compiler) baseChains() []*m.Chain {
 		// Refusals right after DNAT (-90) and before routing, so a service
 		// port without endpoints is refused even where no route leads to
 		// its address: only packets nothing rewrote still carry it.
-		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck)),
+		base(chainFilterPrerouting, m.TypeFilter, m.HookPrerouting, -90, jump(chainEndpointsCheck), remember),
 		base(chainFilterInput, m.TypeFilter, m.HookInput, 0, input...),
 		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, forward...),
 		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
@@ -645,6 +763,7 @@ func (c *compiler) fixedChains() []*m.Chain {
 			{Exprs: []m.Expr{m.Masquerade{FullyRandom: true}}},
 		}},
 		check,
+		c.affinityCheck(),
 		{Name: chainReject, Rules: []m.Rule{
 			{Exprs: []m.Expr{m.Reject{TCPReset: true}}},
 			{Exprs: []m.Expr{m.Reject{}}},
@@ -652,15 +771,50 @@ func (c *compiler) fixedChains() []*m.Chain {
 	}
 }
 
+// affinityCheck sends a new DNATed connection whose service entry has
+// affinity to the chain of its timeout: by the entry's address and port
+// before DNAT, or by its port alone for a NodePort. (A connection to
+// another service's address on a port some NodePort with affinity uses is
+// remembered too; no lookup ever asks for it.)
+func (c *compiler) affinityCheck() *m.Chain {
+	ch := &m.Chain{Name: chainAffinityCheck}
+	for _, proto := range affinityProtocols {
+		l4 := m.MatchL4Proto{Proto: proto}
+		ch.Rules = append(ch.Rules,
+			m.Rule{Exprs: []m.Expr{l4, m.VerdictMap{Key: []m.Field{m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}, Map: mapAffinityServices}}},
+			m.Rule{Exprs: []m.Expr{l4, m.VerdictMap{Key: []m.Field{m.FieldL4Proto, m.FieldCtOriginalProtoDst}, Map: mapAffinityNodePorts}}})
+	}
+	return ch
+}
+
 // sharedChainName is the name of a shared object's chain.
 func (c *compiler) sharedChainName(o sharedObj) string {
+	var name string
 	switch o.kind {
 	case clusterDispatch:
-		return clusterIPChain(o.n)
+		name = clusterIPChain(o.n)
 	case externalDispatch:
-		return externalChain(o.n)
+		name = externalChain(o.n)
+	case nodePortDispatch:
+		name = nodePortChain(o.n)
+	case externalLocalDispatch:
+		name = externalLocalChain(o.n, o.local)
+	case nodePortLocalDispatch:
+		name = nodePortLocalChain(o.n, o.local)
+	case affinityUpdate:
+		return affinityUpdateChain(o.n)
 	}
-	return nodePortChain(o.n)
+	return affinityName(name, o)
+}
+
+// affinityName is a dispatch chain's name with session affinity:
+// cluster-ip-affinity-N and so on.
+func affinityName(name string, o sharedObj) string {
+	if !o.affinity {
+		return name
+	}
+	kind, counts, _ := strings.Cut(name, fmt.Sprintf("-%d", o.n))
+	return fmt.Sprintf("%s-affinity-%d%s", kind, o.n, counts)
 }
 
 // sharedChain builds a dispatch chain: it marks for masquerade as its kind
@@ -679,8 +833,56 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}}}
 	case nodePortDispatch:
 		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: mapNodePortEndpoints}}}}
+	case externalLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, vipKey, mapEndpoints)
+	case nodePortLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, nodePortKey, mapNodePortEndpoints)
+	case affinityUpdate:
+		for _, proto := range affinityProtocols {
+			ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchL4Proto{Proto: proto},
+				m.UpdateMap{Key: connKey, Data: connTarget, Map: mapAffinity, Timeout: time.Duration(o.n) * time.Second}}})
+		}
+	}
+	if o.affinity {
+		ch.Rules = withAffinityLookups(ch.Rules)
 	}
 	return ch
+}
+
+// withAffinityLookups puts before every random pick the same rule with the
+// client's remembered endpoint instead: a client the affinity map doesn't
+// hold makes that rule not match.
+func withAffinityLookups(rules []m.Rule) []m.Rule {
+	out := make([]m.Rule, 0, 2*len(rules))
+	for _, r := range rules {
+		last := len(r.Exprs) - 1
+		if d, ok := r.Exprs[last].(m.DNATMap); ok && d.Numgen > 0 {
+			lookup := m.Rule{Exprs: append(slices.Clone(r.Exprs[:last]), m.DNATMap{Key: clientKey, Map: mapAffinity})}
+			out = append(out, lookup)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// localPolicyRules are the rules of an eTP=Local dispatch chain: pods and
+// the node itself still reach every endpoint (the node's own traffic
+// masqueraded, as its source can't be kept); traffic from elsewhere only
+// local endpoints, with its source kept, and none is dropped.
+func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, endpoints string) []m.Rule {
+	cluster := m.DNATMap{Key: key, Numgen: uint32(o.n), Map: endpoints}
+	var rules []m.Rule
+	if match, ok := c.localTraffic(false); ok {
+		rules = append(rules, m.Rule{Exprs: append(match, cluster), Comment: "pod traffic stays cluster-wide"})
+	}
+	rules = append(rules,
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, cluster}, Comment: "node traffic stays cluster-wide"})
+	if o.local == 0 {
+		return append(rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: "no local endpoints"})
+	}
+	local := m.DNATMap{Key: key, Numgen: uint32(o.local), Offset: localSlotOffset, Map: endpoints}
+	return append(rules, m.Rule{Exprs: []m.Expr{local}})
 }
 
 // masqueradeMark is the mark bit that asks for masquerade.

@@ -48,7 +48,17 @@ func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
 	if allOf(eps, func(e k8s.Endpoint) bool { return e.Ready && keep(e) }) {
 		return eps
 	}
+	// Counted first: a wide service's local list is allocated once.
+	nReady := 0
+	for _, e := range eps {
+		if e.Ready && keep(e) {
+			nReady++
+		}
+	}
 	var ready, terminating []k8s.Endpoint
+	if nReady > 0 {
+		ready = make([]k8s.Endpoint, 0, nReady)
+	}
 	for _, e := range eps {
 		switch {
 		case !keep(e):

@@ -33,6 +33,17 @@ type incremental struct {
 	// endpoints, half the cost). Few ports are wide, so this costs little
 	// of the memory the state saves by keeping no pieces.
 	wide map[k8s.ServicePortName]compiledPiece
+	// prune is what the last update or full compile made stale in the
+	// affinity map; the proxier takes it once the kernel has the changes.
+	prune *affinityPrune
+}
+
+// takePrune returns the pending prune of the affinity map (nil: none) and
+// forgets it.
+func (s *incremental) takePrune() *affinityPrune {
+	pr := s.prune
+	s.prune = nil
+	return pr
 }
 
 // compiledPiece is a piece and the service port version it was compiled
@@ -75,6 +86,7 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 		s.keep(&snap.Services[i], p)
 	}
 	s.c.slots = s.slots
+	s.prune = liveAffinity(pieces)
 	return s, s.c.assemble(pieces)
 }
 
@@ -149,9 +161,8 @@ func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
 // update brings the state from the last sync to the node, service CIDRs and
 // service ports given (the ports that differ from the last sync), and returns the changes that bring the
 // kernel along. It reports false when snap can't be reached incrementally
-// (the node or the service CIDRs changed, an affinity set changed its
-// timeout); the state is then spoiled and the caller must start over with a
-// full sync.
+// (the node or the service CIDRs changed); the state is then spoiled and
+// the caller must start over with a full sync.
 func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports []portChange) (m.Changes, bool) {
 	if !reflect.DeepEqual(s.c.node, node) || !slices.Equal(s.c.serviceCIDRs, serviceCIDRs) {
 		return m.Changes{}, false
@@ -172,9 +183,8 @@ func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports [
 			after = s.c.piece(pc.new)
 			s.keep(pc.new, after)
 		}
-		if !d.replace(before, after) {
-			return m.Changes{}, false
-		}
+		d.replace(before, after)
+		s.prune = removedAffinity(s.prune, before, after)
 		if after == nil {
 			after = &piece{}
 		}
@@ -201,7 +211,7 @@ func newDelta(s *incremental) *delta {
 }
 
 // replace swaps piece old (nil: none) for piece new (nil: none).
-func (d *delta) replace(old, new *piece) bool {
+func (d *delta) replace(old, new *piece) {
 	if old == nil {
 		old = &piece{}
 	}
@@ -244,22 +254,6 @@ func (d *delta) replace(old, new *piece) bool {
 	}
 	d.replaceRuns(old.runs, new.runs)
 
-	// Own sets: affinity sets hold the clients the kernel learnt, so one
-	// that stays is never touched.
-	for _, o := range old.sets {
-		i := slices.IndexFunc(new.sets, func(n *m.Set) bool { return n.Name == o.Name })
-		if i < 0 {
-			d.c.DelSets = append(d.c.DelSets, o.Name)
-		} else if !sameSetType(o, new.sets[i]) {
-			return false
-		}
-	}
-	for _, n := range new.sets {
-		if !slices.ContainsFunc(old.sets, func(o *m.Set) bool { return o.Name == n.Name }) {
-			d.c.AddSets = append(d.c.AddSets, n)
-		}
-	}
-
 	// Own chains.
 	f := d.s.c.cfg.Family
 	for _, o := range old.chains {
@@ -277,7 +271,6 @@ func (d *delta) replace(old, new *piece) bool {
 			d.c.RewriteChains = append(d.c.RewriteChains, n)
 		}
 	}
-	return true
 }
 
 // symmetricDifference returns what of a is not in b and what of b is not
@@ -323,7 +316,10 @@ func symmetricDifference(a, b []netip.Addr) (onlyA, onlyB []netip.Addr) {
 // runs of the same key compare slot by slot, so an endpoint replaced in a
 // wide service costs its slot, not a compiled element per endpoint.
 func (d *delta) replaceRuns(old, new []slotRun) {
-	runKey := func(r slotRun) elementKey { return keyOf(keyedElement{r.set, m.Element{Key: r.key}}) }
+	// A key's runs differ by their offset, which the key's last part holds.
+	runKey := func(r slotRun) elementKey {
+		return keyOf(keyedElement{r.set, m.Element{Key: append(slices.Clip(r.key), m.N(r.offset))}})
+	}
 	oldAt := make(map[elementKey]int, len(old))
 	for i, o := range old {
 		oldAt[runKey(o)] = i
@@ -447,10 +443,6 @@ func keyOf(ke keyedElement) elementKey {
 func elementEqual(a, b m.Element) bool {
 	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Comment == b.Comment &&
 		(a.Verdict == nil) == (b.Verdict == nil) && (a.Verdict == nil || *a.Verdict == *b.Verdict)
-}
-
-func sameSetType(a, b *m.Set) bool {
-	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Timeout == b.Timeout
 }
 
 // walkOrder tells which head a merge walk over two sorted lists, with

@@ -37,6 +37,13 @@ const (
 	// slot number: the DNAT targets.
 	mapEndpoints         = "endpoints"
 	mapNodePortEndpoints = "node-port-endpoints"
+	// Session affinity: the endpoint each client of a service entry was
+	// sent to, which the packet path fills (client . entry : endpoint), and
+	// which entries remember it, for how long.
+	mapAffinity          = "affinity"
+	mapAffinityServices  = "affinity-services"
+	mapAffinityNodePorts = "affinity-nodeports"
+	chainAffinityCheck   = "affinity-check"
 
 	// The masquerade mark's default, kube-proxy's masqueradeBit 14.
 	markMasquerade = 0x4000
@@ -48,3 +55,14 @@ const (
 func clusterIPChain(n int) string { return fmt.Sprintf("cluster-ip-%d", n) }
 func externalChain(n int) string  { return fmt.Sprintf("external-%d", n) }
 func nodePortChain(n int) string  { return fmt.Sprintf("node-port-%d", n) }
+
+// Service ports with externalTrafficPolicy Local share one chain per kind of
+// traffic, endpoint count n and local endpoint count local.
+func externalLocalChain(n, local int) string {
+	return fmt.Sprintf("external-local-%d-%d", n, local)
+}
+func nodePortLocalChain(n, local int) string { return fmt.Sprintf("node-port-local-%d-%d", n, local) }
+
+// affinityUpdateChain remembers new connections in the affinity map with a
+// timeout of secs seconds: one chain per distinct timeout.
+func affinityUpdateChain(secs int) string { return fmt.Sprintf("affinity-%d", secs) }

@@ -99,10 +99,12 @@ func inSortedOrder(order, eps []k8s.Endpoint) bool {
 // slotsOf puts eps, the endpoint list key of a service port, in slot order
 // after the compiler's previous assignment, and notes the order in p.
 func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) []k8s.Endpoint {
-	order := nextSlots(c.slots[key], eps)
-	if !slices.ContainsFunc(p.slotOrders, func(o slotOrder) bool { return o.key == key }) {
-		p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: inSortedOrder(order, eps)})
+	// Every address of the port dispatches to the same list: ordered once.
+	if i := slices.IndexFunc(p.slotOrders, func(o slotOrder) bool { return o.key == key }); i >= 0 {
+		return p.slotOrders[i].order
 	}
+	order := nextSlots(c.slots[key], eps)
+	p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: inSortedOrder(order, eps)})
 	return order
 }
 

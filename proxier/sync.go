@@ -24,6 +24,12 @@ type Kernel interface {
 	Generation() (uint32, error)
 }
 
+// AffinityPruner is a Kernel that can delete elements of a map the packet
+// path fills (session affinity's), and returns how many it deleted.
+type AffinityPruner interface {
+	PruneElements(f m.Family, table string, set *m.Set, keep func(m.Element) bool) (int, error)
+}
+
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
 	Clean(ctx context.Context, prev, next *k8s.Snapshot) (deleted int, err error)
@@ -322,6 +328,13 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	mt.EndpointChanges.Add(float64(endpointChanges))
 	for _, cfg := range p.opts.Configs {
 		state, stats, kind, err := p.apply(&in, cfg)
+		if err == nil {
+			var pruned int
+			pruned, err = p.pruneAffinity(state, cfg)
+			if pruned > 0 {
+				commits++
+			}
+		}
 		if err != nil {
 			// Every state must be at p.ports, which the next sync starts
 			// from; the families synced before this one are past it.
@@ -408,6 +421,22 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 	state, desired := newIncremental(in.snapshot(p.ports), cfg, slots)
 	stats, err := p.opts.Kernel.Apply(desired)
 	return state, stats, "full", err
+}
+
+// pruneAffinity deletes the affinity map's elements that name endpoints the
+// sync removed (all that name no live endpoint, after a full sync), so no
+// client is sent to them; it returns how many it deleted.
+func (p *Proxier) pruneAffinity(state *incremental, cfg Config) (int, error) {
+	pr := state.takePrune()
+	pruner, ok := p.opts.Kernel.(AffinityPruner)
+	if pr == nil || !ok {
+		return 0, nil
+	}
+	n, err := pruner.PruneElements(cfg.Family, TableName, state.c.affinity, pr.keep)
+	if n > 0 {
+		p.opts.Logger.Debug("Deleted stale affinity entries", zap.Stringer("family", cfg.Family), zap.Int("deleted", n))
+	}
+	return n, err
 }
 
 // cleanFlows hands the conntrack cleaner the changed service ports only,

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -418,6 +419,108 @@ func TestTraceTopology(t *testing.T) {
 				tracePkt(podSrc, "10.96.0.10", 80))
 			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
 				t.Errorf("endpoints reached differ (-want +got):\n%s\nsteps:\n%s", diff, strings.Join(got.Steps, "\n"))
+			}
+		})
+	}
+}
+
+// TestTraceExternalPolicyLocal checks eTP=Local on node-1: traffic from
+// outside reaches only the local endpoints with its source kept (none:
+// dropped), pods and the node itself every endpoint.
+func TestTraceExternalPolicyLocal(t *testing.T) {
+	all := []string{"10.244.1.10:8080", "10.244.1.11:8080", "10.244.1.12:8080"}
+	etpLocal := func(sp *k8s.ServicePort) { sp.ExternalPolicyLocal = true }
+	tests := []struct {
+		name        string
+		local       int // endpoints on node-1, of 3
+		p           m.Packet
+		verdict     string
+		reach       []string
+		masqueraded []string
+	}{
+		{name: "NodePort from outside reaches the local endpoint", local: 1,
+			p: tracePkt(outsideSrc, "192.168.77.1", 30080), verdict: m.VerdictAccept, reach: all[:1]},
+		{name: "NodePort from outside reaches both local endpoints", local: 2,
+			p: tracePkt(outsideSrc, "192.168.77.1", 30080), verdict: m.VerdictAccept, reach: all[:2]},
+		{name: "external IP from outside reaches the local endpoint", local: 1,
+			p: tracePkt(outsideSrc, "192.168.77.100", 80), verdict: m.VerdictAccept, reach: all[:1]},
+		{name: "NodePort from outside without local endpoints is dropped", local: 0,
+			p: tracePkt(outsideSrc, "192.168.77.1", 30080), verdict: m.VerdictDrop},
+		{name: "NodePort from a pod reaches every endpoint, source kept", local: 1,
+			p: tracePkt(podSrc, "192.168.77.1", 30080), verdict: m.VerdictAccept, reach: all},
+		{name: "NodePort from the node itself reaches every endpoint, masqueraded", local: 0,
+			p: tracePkt("192.168.77.1", "192.168.77.1", 30080, fromNode), verdict: m.VerdictAccept, reach: all, masqueraded: all},
+		{name: "ClusterIP from outside reaches every endpoint", local: 1,
+			p: tracePkt(outsideSrc, "10.96.0.10", 80), verdict: m.VerdictAccept, reach: all, masqueraded: all},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sp := svc("web", "http", "10.96.0.10", 3, nodePort(30080), externalIP("192.168.77.100"), local(tt.local), etpLocal)
+			got := m.Trace(Compile(&k8s.Snapshot{Services: []k8s.ServicePort{sp}, Node: k8s.Node{Name: "node-1"}}, testConfig), tt.p)
+			explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
+			if got.Verdict != tt.verdict {
+				t.Errorf("verdict = %q, want %q%s", got.Verdict, tt.verdict, explain)
+			}
+			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
+			}
+			var masq []netip.AddrPort
+			for _, b := range got.Branches {
+				if b.Masquerade {
+					masq = append(masq, b.Endpoint)
+				}
+			}
+			slices.SortFunc(masq, netip.AddrPort.Compare)
+			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+			}
+		})
+	}
+}
+
+// TestTraceAffinity checks a service with ClientIP affinity: a client the
+// affinity map doesn't hold reaches every endpoint, and the connection is
+// remembered after DNAT under the entry it used.
+func TestTraceAffinity(t *testing.T) {
+	affinity := func(sp *k8s.ServicePort) { sp.AffinityTimeout = time.Minute }
+	all := []string{"10.244.1.10:8080", "10.244.1.11:8080"}
+	for _, tt := range []struct {
+		name        string
+		p           m.Packet
+		masqueraded []string
+	}{
+		{"ClusterIP from a pod", tracePkt(podSrc, "10.96.0.10", 80), nil},
+		{"NodePort from outside", tracePkt(outsideSrc, "192.168.77.1", 30080), all},
+		{"ClusterIP from the node", tracePkt("192.168.77.1", "10.96.0.10", 80, fromNode), all},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sp := svc("web", "http", "10.96.0.10", 2, nodePort(30080), affinity)
+			got := m.Trace(Compile(&k8s.Snapshot{Services: []k8s.ServicePort{sp}}, testConfig), tt.p)
+			explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
+			if diff := cmp.Diff(addrPorts(all), got.Endpoints, cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
+			}
+			var masq []netip.AddrPort
+			for _, b := range got.Branches {
+				if b.Masquerade {
+					masq = append(masq, b.Endpoint)
+				}
+			}
+			slices.SortFunc(masq, netip.AddrPort.Compare)
+			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
+				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+			}
+			remembered := 0
+			for _, s := range got.Steps {
+				if strings.Contains(s, "affinity-60: meta l4proto tcp update @affinity") && strings.Contains(s, "remembered in @affinity") {
+					remembered++
+				}
+			}
+			if remembered != len(all) {
+				t.Errorf("%d branches remembered in @affinity, want %d%s", remembered, len(all), explain)
 			}
 		})
 	}

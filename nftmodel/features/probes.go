@@ -30,8 +30,13 @@ var (
 	Numgen = &Feature{Name: "numgen random with an anonymous verdict map", MinKernel: "4.9", program: programNumgen}
 	Fib    = &Feature{Name: "fib daddr type and fib saddr type", MinKernel: "4.10", program: programFib}
 	Ct     = &Feature{Name: "ct state and ct status", MinKernel: "3.13", program: programCt}
-	// Session affinity: `update @set { ip saddr }` on a set with timeouts.
-	Timeouts = &Feature{Name: "sets with timeouts updated from the packet path", MinKernel: "4.1", program: programTimeouts}
+	// Session affinity: a map with timeouts that the packet path fills from
+	// conntrack (`update @affinity { ip saddr . ct original ip daddr . … :
+	// ct reply ip saddr . ct reply proto-src }`) and DNAT from it. The
+	// typed conntrack addresses (NFT_CT_SRC_IP and the like) came with
+	// 4.17, by our reading of the kernel's history (not checked on such a
+	// kernel); the DNAT map needs 5.6 anyway.
+	Timeouts = &Feature{Name: "maps with timeouts filled from conntrack by the packet path", MinKernel: "4.17", program: programTimeouts}
 	// The endpoints map: typeof user data, a key ending in numgen, and
 	// values of address . port (20 bytes for IPv6: set data over 16 bytes
 	// came with 5.6).
@@ -170,12 +175,19 @@ func programCt(b *build) {
 	rule(post, m.MatchCtStatusDNAT{}, m.MatchCtStateEstablished{Negate: true})
 }
 
+// programTimeouts declares and uses the affinity map as nftproxy does.
 func programTimeouts(b *build) {
 	pre, _, _ := b.natChains()
-	b.set(&m.Set{Name: "affinity", Key: []m.DataType{b.addrType()}, Timeout: 3 * time.Hour})
-	saddr := []m.Field{m.FieldSaddr}
-	rule(pre, m.UpdateSet{Key: saddr, Set: "affinity"})
-	rule(pre, m.MatchSet{Key: saddr, Set: "affinity"}, m.Verdict{Kind: m.Accept})
+	fpre, _, _ := b.filterChains()
+	addr := b.addrType()
+	client := []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	b.set(&m.Set{Name: "affinity", Key: []m.DataType{addr, addr, m.TypeInetProto, m.TypeInetService},
+		Data: []m.DataType{addr, m.TypeInetService}, Timeout: 3 * time.Hour, Size: 1 << 20,
+		Typeof: &m.Typeof{Key: client, Data: []m.Field{m.FieldDaddr, m.FieldTHDport}}})
+	rule(pre, m.DNATMap{Key: client, Map: "affinity"})
+	rule(fpre, m.MatchL4Proto{Proto: unix.IPPROTO_TCP}, m.UpdateMap{
+		Key:  []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst},
+		Data: []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}, Map: "affinity", Timeout: time.Hour})
 }
 
 // programDNATMap declares the map as nftproxy declares its endpoints map,
@@ -195,6 +207,7 @@ func programDNATMap(b *build) {
 			{Key: append(b.serviceKeyValue(), m.N(1)), Data: endpoint},
 		}})
 	rule(pre, m.DNATMap{Key: serviceKey, Numgen: 2, Map: "endpoints"})
+	rule(pre, m.DNATMap{Key: serviceKey, Numgen: 1, Offset: 65536, Map: "endpoints"})
 }
 
 func programMasquerade(b *build) {

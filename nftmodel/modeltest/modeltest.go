@@ -19,6 +19,7 @@ const (
 	AffinityName = "affinity"         // UpdateSet
 	DNATName     = "endpoints"        // DNATMap without a random slot
 	SlotsName    = "slots"            // DNATMap with one
+	ClientsName  = "clients"          // UpdateMap
 	TargetChain  = "target"           // Verdict jump and goto
 	PickA, PickB = "pick-a", "pick-b" // NumgenGoto
 )
@@ -53,10 +54,13 @@ func Exprs(f nftmodel.Family) []nftmodel.Expr {
 		nftmodel.VerdictMap{Key: svcKey, Map: VmapName},
 		nftmodel.NumgenGoto{Chains: []string{PickA, PickB}},
 		nftmodel.UpdateSet{Key: []nftmodel.Field{nftmodel.FieldSaddr}, Set: AffinityName},
+		nftmodel.UpdateMap{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldCtOriginalDaddr, nftmodel.FieldL4Proto, nftmodel.FieldCtOriginalProtoDst},
+			Data: []nftmodel.Field{nftmodel.FieldCtReplySaddr, nftmodel.FieldCtReplyProtoSrc}, Map: ClientsName, Timeout: time.Hour},
 		nftmodel.MarkOr{Bits: 0x4000},
 		nftmodel.MarkXor{Bits: 0x4000},
 		nftmodel.DNATMap{Key: svcKey, Map: DNATName},
 		nftmodel.DNATMap{Key: svcKey, Numgen: 3, Map: SlotsName},
+		nftmodel.DNATMap{Key: svcKey, Numgen: 2, Offset: 65536, Map: SlotsName},
 		nftmodel.DNAT{Proto: 6, Addr: addr, Port: 8080},
 		nftmodel.Masquerade{},
 		nftmodel.Masquerade{FullyRandom: true},
@@ -94,6 +98,10 @@ func Ruleset(f nftmodel.Family, exprs ...nftmodel.Expr) *nftmodel.Ruleset {
 			{Name: DNATName, Key: svc, Data: []nftmodel.DataType{addr, nftmodel.TypeInetService}},
 			{Name: SlotsName, Key: append(svc, nftmodel.TypeInteger), Data: []nftmodel.DataType{addr, nftmodel.TypeInetService},
 				Typeof: &nftmodel.Typeof{Key: svcKey, KeyNumgen: 3, Data: []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldTHDport}}},
+			{Name: ClientsName, Key: []nftmodel.DataType{addr, addr, nftmodel.TypeInetProto, nftmodel.TypeInetService},
+				Data: []nftmodel.DataType{addr, nftmodel.TypeInetService}, Timeout: time.Hour,
+				Typeof: &nftmodel.Typeof{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr, nftmodel.FieldL4Proto, nftmodel.FieldTHDport},
+					Data: []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldTHDport}}},
 		},
 		Chains: []*nftmodel.Chain{pre, {Name: TargetChain}, {Name: PickA}, {Name: PickB}},
 	}

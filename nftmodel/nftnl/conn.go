@@ -124,3 +124,8 @@ func (k Kernel) ApplyChanges(f nftmodel.Family, table string, c *nftmodel.Change
 }
 
 func (k Kernel) Generation() (uint32, error) { return Generation(k.Conn) }
+
+// PruneElements makes Kernel a proxier.AffinityPruner.
+func (k Kernel) PruneElements(f nftmodel.Family, table string, set *nftmodel.Set, keep func(nftmodel.Element) bool) (int, error) {
+	return PruneElements(k.Conn, f, table, set, keep)
+}

@@ -79,6 +79,8 @@ func loadField(f nftmodel.Family, fl nftmodel.Field, offset uint32) (expr.Any, u
 			Offset: addrOffset(f, fl), Len: addrLen(f)}, addrLen(f)
 	case nftmodel.FieldL4Proto:
 		return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(offset)}, 1
+	case nftmodel.FieldCtOriginalDaddr, nftmodel.FieldCtOriginalProtoDst, nftmodel.FieldCtReplySaddr, nftmodel.FieldCtReplyProtoSrc:
+		return loadCtField(f, fl, offset)
 	default: // FieldTHDport
 		return &expr.Payload{DestRegister: reg(offset), Base: expr.PayloadBaseTransportHeader,
 			Offset: 2, Len: 2}, 2
@@ -242,6 +244,8 @@ func (enc *ruleEncoder) add(e nftmodel.Expr) error {
 		enc.emit(fibLocal(&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true}))
 	case nftmodel.UpdateSet:
 		enc.emit(withKey(f, e.Key, &expr.Dynset{SrcRegKey: 1, SetName: e.Set, Operation: unix.NFT_DYNSET_OP_UPDATE}))
+	case nftmodel.UpdateMap:
+		enc.emit(updateMapExprs(f, e))
 	case nftmodel.MatchCtStateInvalid:
 		enc.emit(ctBitTest(expr.CtKeySTATE, expr.CtStateBitINVALID, true))
 	case nftmodel.MatchCtStatusDNAT:
@@ -375,7 +379,7 @@ func dnatMap(f nftmodel.Family, e nftmodel.DNATMap) []expr.Any {
 	if e.Numgen > 0 {
 		// The random slot is the key's last part, in the register
 		// after the fields, host-endian as the map's key stores it.
-		out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Type: unix.NFT_NG_RANDOM})
+		out = append(out, &expr.Numgen{Register: reg(keyWords(f, e.Key)), Modulus: e.Numgen, Offset: e.Offset, Type: unix.NFT_NG_RANDOM})
 	}
 	return append(out,
 		&expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 1},
@@ -420,4 +424,45 @@ func nfproto(f nftmodel.Family) uint32 {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4
+}
+
+// ctDirReply is conntrack's reply direction (IP_CT_DIR_REPLY); original is 0.
+const ctDirReply = 1
+
+// loadCtField loads a conntrack address or port, as nft does for
+// `ct original ip daddr`, `ct reply proto-src` and the like.
+func loadCtField(f nftmodel.Family, fl nftmodel.Field, offset uint32) (expr.Any, uint32) {
+	ct := &expr.Ct{Register: reg(offset)}
+	n := addrLen(f)
+	switch fl {
+	case nftmodel.FieldCtOriginalDaddr:
+		ct.Key = expr.CtKeyDSTIP
+		if f == nftmodel.IPv6 {
+			ct.Key = expr.CtKeyDSTIP6
+		}
+	case nftmodel.FieldCtReplySaddr:
+		ct.Key, ct.Direction = expr.CtKeySRCIP, ctDirReply
+		if f == nftmodel.IPv6 {
+			ct.Key = expr.CtKeySRCIP6
+		}
+	case nftmodel.FieldCtOriginalProtoDst:
+		ct.Key, n = expr.CtKeyPROTODST, 2
+	default: // FieldCtReplyProtoSrc
+		ct.Key, ct.Direction, n = expr.CtKeyPROTOSRC, ctDirReply, 2
+	}
+	return ct, n
+}
+
+// updateMapExprs is an UpdateMap's program: the key into the registers
+// from 1, the value right after it, then the dynset.
+func updateMapExprs(f nftmodel.Family, e nftmodel.UpdateMap) []expr.Any {
+	out := loadKey(f, e.Key)
+	data := keyWords(f, e.Key)
+	for _, fl := range e.Data {
+		x, n := loadField(f, fl, data)
+		out = append(out, x)
+		data += (n + 3) / 4
+	}
+	return append(out, &expr.Dynset{SrcRegKey: 1, SrcRegData: reg(keyWords(f, e.Key)), SetName: e.Map,
+		Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: e.Timeout})
 }

@@ -58,6 +58,10 @@ func TestFixturesUseEveryExpr(t *testing.T) {
 				}
 			}
 		}
+		if rs.Family == nftmodel.IPv6 {
+			// nft 1.0.6 can't load it from text: TestUpdateMapIPv6ListsAsRendered.
+			used[reflect.TypeOf(nftmodel.UpdateMap{})] = true
+		}
 		for _, e := range modeltest.Exprs(rs.Family) {
 			if typ := reflect.TypeOf(e); !used[typ] {
 				t.Errorf("%s fixture has no %s", rs.Family, typ)

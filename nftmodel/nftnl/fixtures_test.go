@@ -17,7 +17,29 @@ var (
 	vip6Type = []nftmodel.DataType{nftmodel.TypeIPv6Addr, nftmodel.TypeInetProto, nftmodel.TypeInetService}
 	svcKey   = []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldL4Proto, nftmodel.FieldTHDport}
 	slotType = []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetProto, nftmodel.TypeInetService, nftmodel.TypeInteger}
+	// The shared affinity map's key and value, and the rules that fill it.
+	clientKey   = []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr, nftmodel.FieldL4Proto, nftmodel.FieldTHDport}
+	connKey     = []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldCtOriginalDaddr, nftmodel.FieldL4Proto, nftmodel.FieldCtOriginalProtoDst}
+	connTarget  = []nftmodel.Field{nftmodel.FieldCtReplySaddr, nftmodel.FieldCtReplyProtoSrc}
+	targetField = []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldTHDport}
 )
+
+// clientAffinity is a shared affinity map of the family's addresses.
+func clientAffinity(addr nftmodel.DataType) *nftmodel.Set {
+	return &nftmodel.Set{Name: "client-affinity", Key: []nftmodel.DataType{addr, addr, nftmodel.TypeInetProto, nftmodel.TypeInetService},
+		Data: []nftmodel.DataType{addr, nftmodel.TypeInetService}, Timeout: 3 * time.Hour, Size: 1 << 20,
+		Typeof: &nftmodel.Typeof{Key: clientKey, Data: targetField}}
+}
+
+// affinityChain remembers connections in client-affinity and looks them up.
+func affinityChain() *nftmodel.Chain {
+	return &nftmodel.Chain{Name: "affinity-update", Rules: []nftmodel.Rule{
+		nlRule(nftmodel.MatchL4Proto{Proto: 6}, nftmodel.UpdateMap{Key: connKey, Data: connTarget, Map: "client-affinity", Timeout: 3 * time.Hour}),
+		nlRule(nftmodel.MatchL4Proto{Proto: 132}, nftmodel.UpdateMap{Key: connKey, Data: connTarget, Map: "client-affinity", Timeout: 90 * time.Second}),
+		nlRule(nftmodel.MatchL4Proto{Proto: 17}, nftmodel.VerdictMap{Key: []nftmodel.Field{nftmodel.FieldCtOriginalDaddr, nftmodel.FieldL4Proto, nftmodel.FieldCtOriginalProtoDst}, Map: "service-ips"}),
+		nlRule(nftmodel.DNATMap{Key: clientKey, Map: "client-affinity"}),
+	}}
+}
 
 func slotKey(a string, p, port, slot uint32) []nftmodel.Value {
 	return []nftmodel.Value{nftmodel.A(ip(a)), nftmodel.N(p), nftmodel.N(port), nftmodel.N(slot)}
@@ -91,6 +113,7 @@ func fullRuleset() *nftmodel.Ruleset {
 			{Name: "pairs", Key: []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeIPv4Addr}, Typeof: &nftmodel.Typeof{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr}}, Elements: []nftmodel.Element{
 				{Key: []nftmodel.Value{nftmodel.A(ip("10.244.1.2")), nftmodel.A(ip("10.244.1.2"))}},
 			}},
+			clientAffinity(nftmodel.TypeIPv4Addr),
 		},
 		Chains: []*nftmodel.Chain{
 			nlBase("nat-prerouting", nftmodel.TypeNAT, nftmodel.HookPrerouting, -100, nlRule(nlJump("services"))),
@@ -152,6 +175,7 @@ func fullRuleset() *nftmodel.Ruleset {
 				nlRule(nftmodel.DNATMap{Key: svcKey, Map: "endpoints"}),
 				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("10.244.0.0/16")}, nftmodel.DNATMap{Key: svcKey, Numgen: 3, Map: "slots"}),
 				nlRule(nftmodel.DNATMap{Key: svcKey, Numgen: 1, Map: "slots"}),
+				nlRule(nftmodel.DNATMap{Key: svcKey, Numgen: 2, Offset: 65536, Map: "slots"}),
 				nlRule(nftmodel.DNATMap{Key: []nftmodel.Field{nftmodel.FieldL4Proto, nftmodel.FieldTHDport}, Numgen: 5000, Map: "node-port-slots"}),
 				nlRule(nftmodel.DNAT{Proto: 17, Addr: ip("10.244.2.3"), Port: 53}),
 			}},
@@ -160,6 +184,7 @@ func fullRuleset() *nftmodel.Ruleset {
 				nlRule(nftmodel.MatchL4Proto{Proto: 17}, nftmodel.Reject{}),
 				nlRule(nftmodel.Reject{}),
 			}},
+			affinityChain(),
 			{Name: "empty"},
 		},
 	}
@@ -191,6 +216,7 @@ func full6Ruleset() *nftmodel.Ruleset {
 					{Key: []nftmodel.Value{nftmodel.A(ip("fd00:96::10")), nftmodel.N(6), nftmodel.N(80), nftmodel.N(1)}, Data: []nftmodel.Value{nftmodel.A(ip("fd00:244::3")), nftmodel.N(8080)}, Comment: "default/web:http"},
 				}},
 			{Name: "pairs", Key: []nftmodel.DataType{nftmodel.TypeIPv6Addr, nftmodel.TypeIPv6Addr}, Typeof: &nftmodel.Typeof{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr}}},
+			clientAffinity(nftmodel.TypeIPv6Addr),
 		},
 		Chains: []*nftmodel.Chain{
 			nlBase("nat-prerouting", nftmodel.TypeNAT, nftmodel.HookPrerouting, -100, nlRule(nftmodel.VerdictMap{Key: svcKey, Map: "service-ips"})),
@@ -220,6 +246,9 @@ func full6Ruleset() *nftmodel.Ruleset {
 			}},
 			{Name: "ep-web-2", Rules: []nftmodel.Rule{nlRule(nftmodel.DNATMap{Key: svcKey, Map: "endpoints"})}},
 			{Name: "svc-slots", Rules: []nftmodel.Rule{nlRule(nftmodel.DNATMap{Key: svcKey, Numgen: 2, Map: "slots"})}},
+			// No UpdateMap: nft 1.0.6 can't load an IPv6 key and value that
+			// long (TestUpdateMapIPv6ListsAsRendered).
+			{Name: "affinity-lookup", Rules: []nftmodel.Rule{nlRule(nftmodel.DNATMap{Key: clientKey, Map: "client-affinity"})}},
 		},
 	}
 }

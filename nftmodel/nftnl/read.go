@@ -116,6 +116,9 @@ func readSet(conn *Conn, f nftmodel.Family, ls *nftables.Set, ud []byte) (*nftmo
 	}
 	if ls.HasTimeout {
 		s.Timeout = ls.Timeout
+		if ls.Size != timeoutSetSize {
+			s.Size = ls.Size
+		}
 	}
 	want, err := libSet(ls.Table, s)
 	if err != nil {
@@ -479,6 +482,11 @@ func (d *ruleDecoder) keyLoads() ([]nftmodel.Field, int) {
 				return fields, n
 			}
 			fl = nftmodel.FieldL4Proto
+		case *expr.Ct:
+			var ok bool
+			if fl, ok = ctField(e); !ok || e.SourceRegister || e.Register != reg(offset) {
+				return fields, n
+			}
 		default:
 			return fields, n
 		}
@@ -507,9 +515,12 @@ func (d *ruleDecoder) keyed(key []nftmodel.Field, n int) (nftmodel.Expr, int, bo
 		l, okL := d.at(n + 1).(*expr.Lookup)
 		_, okN := d.at(n + 2).(*expr.NAT)
 		if okL && okN && l.IsDestRegSet && l.DestRegister != 0 {
-			return nftmodel.DNATMap{Key: key, Numgen: e.Modulus, Map: l.SetName}, n + 3, true
+			return nftmodel.DNATMap{Key: key, Numgen: e.Modulus, Offset: e.Offset, Map: l.SetName}, n + 3, true
 		}
 	case *expr.Dynset:
+		if e.SrcRegData != 0 {
+			return d.updateMap(key, e, n)
+		}
 		return nftmodel.UpdateSet{Key: key, Set: e.SetName}, n + 1, true
 	}
 	return nil, 0, false
@@ -613,7 +624,7 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (nftmodel.Expr, int, error) {
 	}
 	if _, ok := d.at(2).(*expr.NAT); ok && l.IsDestRegSet && l.DestRegister != 0 {
 		// A DNAT map keyed with the random slot alone.
-		return nftmodel.DNATMap{Numgen: ng.Modulus, Map: l.SetName}, 3, nil
+		return nftmodel.DNATMap{Numgen: ng.Modulus, Offset: ng.Offset, Map: l.SetName}, 3, nil
 	}
 	ls := d.anon[l.SetName]
 	if ls == nil {
@@ -651,4 +662,33 @@ func numgenChains(els []nftables.SetElement, n uint32, order binary.ByteOrder) (
 		chains[i] = v.Chain
 	}
 	return chains, !slices.Contains(chains, "")
+}
+
+// ctField is the field a conntrack load reads, if it is one of the model's.
+func ctField(e *expr.Ct) (nftmodel.Field, bool) {
+	switch {
+	case (e.Key == expr.CtKeyDSTIP || e.Key == expr.CtKeyDSTIP6) && e.Direction == 0:
+		return nftmodel.FieldCtOriginalDaddr, true
+	case e.Key == expr.CtKeyPROTODST && e.Direction == 0:
+		return nftmodel.FieldCtOriginalProtoDst, true
+	case (e.Key == expr.CtKeySRCIP || e.Key == expr.CtKeySRCIP6) && e.Direction == ctDirReply:
+		return nftmodel.FieldCtReplySaddr, true
+	case e.Key == expr.CtKeyPROTOSRC && e.Direction == ctDirReply:
+		return nftmodel.FieldCtReplyProtoSrc, true
+	}
+	return 0, false
+}
+
+// updateMap decodes an UpdateMap: of the fields loaded, those from the
+// dynset's data register on are the value.
+func (d *ruleDecoder) updateMap(fields []nftmodel.Field, e *expr.Dynset, n int) (nftmodel.Expr, int, bool) {
+	var words uint32
+	for i, fl := range fields {
+		if reg(words) == e.SrcRegData {
+			return nftmodel.UpdateMap{Key: fields[:i], Data: fields[i:], Map: e.SetName, Timeout: e.Timeout}, n + 1, true
+		}
+		_, size := loadField(d.f, fl, words)
+		words += (size + 3) / 4
+	}
+	return nil, 0, false
 }

@@ -13,7 +13,7 @@ import (
 
 // nft declares a set with a timeout as `size 65535` and `flags dynamic,timeout`
 // by default; Render prints that, so the applier declares the same.
-const timeoutSetSize = 65535
+const timeoutSetSize = nftmodel.DefaultTimeoutSetSize
 
 // Element lists are split so that no message comes near the 64 KiB a netlink
 // attribute length can describe: at most maxChunkElements elements and
@@ -91,7 +91,7 @@ func libSet(t *nftables.Table, s *nftmodel.Set) (*nftables.Set, error) {
 		ls.HasTimeout = true
 		ls.Timeout = s.Timeout
 		ls.Dynamic = true
-		ls.Size = timeoutSetSize
+		ls.Size = s.DeclaredSize()
 	}
 	return ls, nil
 }
