@@ -22,7 +22,15 @@ type Changes struct {
 	// TriggerTimes are the last-change-trigger-time annotations of the
 	// endpoint changes handed over, for kube-proxy's network programming
 	// latency.
-	TriggerTimes []time.Time
+	TriggerTimes []TriggerTime
+}
+
+// TriggerTime is when the controller saw the change that an EndpointSlice
+// carries (its endpoints.kubernetes.io/last-change-trigger-time), and the
+// family of the slice's addresses.
+type TriggerTime struct {
+	Time time.Time
+	IPv6 bool
 }
 
 // TakeChanges hands over the service ports that changed since the last call,
@@ -42,9 +50,9 @@ func (t *Tracker) TakeChanges() Changes {
 	for _, times := range t.triggers {
 		ch.TriggerTimes = append(ch.TriggerTimes, times...)
 	}
-	slices.SortFunc(ch.TriggerTimes, time.Time.Compare)
+	slices.SortFunc(ch.TriggerTimes, func(a, b TriggerTime) int { return a.Time.Compare(b.Time) })
 	if len(t.triggers) > 0 {
-		t.triggers = map[types.NamespacedName][]time.Time{}
+		t.triggers = map[types.NamespacedName][]TriggerTime{}
 	}
 	t.taken = t.stats
 	// A new map: clearing one costs its capacity, which a start or a

@@ -78,7 +78,7 @@ type Tracker struct {
 	started time.Time
 	// triggers holds, by service, the last-change-trigger-time annotations
 	// of the slice changes since the last TakeChanges.
-	triggers map[types.NamespacedName][]time.Time
+	triggers map[types.NamespacedName][]TriggerTime
 	// taken are the counters as of the last TakeChanges: the changes since
 	// are pending.
 	taken Stats
@@ -122,7 +122,7 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		dirty:     map[ServicePortName]struct{}{},
 		claims:    map[claimKey]int{},
 		started:   time.Now(),
-		triggers:  map[types.NamespacedName][]time.Time{},
+		triggers:  map[types.NamespacedName][]TriggerTime{},
 	}
 }
 
@@ -397,7 +397,7 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		t.endpointsChanged(b, old)
 		t.endpointsChanged(b, e)
 		if eps != nil {
-			t.addTrigger(keyOf(eps.Namespace, eps.Service), slice.Annotations)
+			t.addTrigger(keyOf(eps.Namespace, eps.Service), slice)
 		}
 	}
 }
@@ -405,8 +405,8 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 // addTrigger records the slice's last-change-trigger-time, when it has one
 // since the tracker started: the network programming latency of the
 // Kubernetes SLI runs from it to the end of the sync that applies the change.
-func (t *Tracker) addTrigger(svc types.NamespacedName, annotations map[string]string) {
-	s, ok := annotations[v1.EndpointsLastChangeTriggerTime]
+func (t *Tracker) addTrigger(svc types.NamespacedName, slice *discoveryv1.EndpointSlice) {
+	s, ok := slice.Annotations[v1.EndpointsLastChangeTriggerTime]
 	if !ok {
 		return
 	}
@@ -417,7 +417,7 @@ func (t *Tracker) addTrigger(svc types.NamespacedName, annotations map[string]st
 		return
 	}
 	if at.After(t.started) {
-		t.triggers[svc] = append(t.triggers[svc], at)
+		t.triggers[svc] = append(t.triggers[svc], TriggerTime{Time: at, IPv6: slice.AddressType == discoveryv1.AddressTypeIPv6})
 	}
 }
 

@@ -102,6 +102,9 @@ type Proxier struct {
 	flowsFailed bool
 	// drift: Notify saw another program change our tables.
 	drift *driftSignal
+	// noLocal counts, by family, the service ports whose Local traffic
+	// policy finds no local endpoint, as of the last successful sync.
+	noLocal map[m.Family]*noLocalCounts
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -116,11 +119,45 @@ func New(opts Options) *Proxier {
 		opts.Health = NewHealth(2 * max(opts.SyncPeriod, time.Second))
 	}
 	var families []string
+	var fams []m.Family
+	noLocal := map[m.Family]*noLocalCounts{}
 	for _, c := range opts.Configs {
-		families = append(families, map[m.Family]string{m.IPv4: "IPv4", m.IPv6: "IPv6"}[c.Family])
+		families = append(families, familyLabel(c.Family))
+		fams = append(fams, c.Family)
+		noLocal[c.Family] = &noLocalCounts{}
 	}
 	opts.Health.SetFamilies(families...)
-	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal()}
+	opts.Metrics.initFamilies(fams)
+	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal(), noLocal: noLocal}
+}
+
+// pendingCounter is a source that counts the changes no sync has taken yet.
+type pendingCounter interface {
+	Pending() (services, endpoints uint64)
+}
+
+// queued records that a sync is wanted, for /healthz and kube-proxy's
+// last-queued timestamp.
+func (p *Proxier) queued() {
+	p.opts.Health.Queued()
+	for _, c := range p.opts.Configs {
+		p.opts.Metrics.SyncLastQueued.WithLabelValues(familyLabel(c.Family)).SetToCurrentTime()
+	}
+}
+
+// observeProgramming records kube-proxy's network programming latency of
+// the endpoint changes a successful sync applied, in their family.
+func (p *Proxier) observeProgramming(triggers []k8s.TriggerTime, done time.Time) {
+	for _, tt := range triggers {
+		f := m.IPv4
+		if tt.IPv6 {
+			f = m.IPv6
+		}
+		if !slices.ContainsFunc(p.opts.Configs, func(c Config) bool { return c.Family == f }) {
+			continue
+		}
+		p.opts.Metrics.NetworkProgramming.WithLabelValues(familyLabel(f)).Observe(done.Sub(tt.Time).Seconds())
+	}
 }
 
 // retryDelay is the least wait after a failed sync, so a kernel that keeps
@@ -138,7 +175,13 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 	// none waits, so a periodic resync is not counted as programming.
 	var lastSync, queuedAt time.Time
 	var failed bool
-	p.opts.Health.Queued()
+	// triggers are the trigger times of the changes taken and not yet
+	// applied: a failed sync's are applied by the retry.
+	var triggers []k8s.TriggerTime
+	if pc, ok := src.(pendingCounter); ok {
+		p.opts.Metrics.watchPending(pc.Pending)
+	}
+	p.queued()
 	queuedAt = time.Now()
 	for {
 		var due <-chan time.Time
@@ -157,7 +200,7 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 				queuedAt = time.Now()
 			}
 			pending = true
-			p.opts.Health.Queued()
+			p.queued()
 			continue
 		case <-resync.C:
 			if !failed && p.unchanged() {
@@ -178,17 +221,19 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 				p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
 			}
 			pending, full = true, true
+			p.queued()
 			continue
 		case <-due:
 		}
 		syncStart := time.Now()
 		var err error
+		// Taken first: the snapshot holds at least what was handed over.
+		ch := src.TakeChanges()
+		triggers = append(triggers, ch.TriggerTimes...)
 		if full {
-			// Taken first: the snapshot holds at least what was handed over.
-			src.TakeChanges()
 			err = p.Sync(ctx, src.Snapshot(), true)
 		} else {
-			err = p.SyncChanges(ctx, src.TakeChanges())
+			err = p.SyncChanges(ctx, ch)
 		}
 		lastSync = time.Now()
 		failed = err != nil
@@ -199,8 +244,10 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		if full {
 			p.drift.settledBy(syncStart)
 		}
+		p.observeProgramming(triggers, lastSync)
+		triggers = nil
 		if !queuedAt.IsZero() {
-			p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
+			p.opts.Metrics.ChangeToKernel.Observe(lastSync.Sub(queuedAt).Seconds())
 			queuedAt = time.Time{}
 		}
 		if full && p.opts.ReleaseMemory {
@@ -223,7 +270,9 @@ func (p *Proxier) unchanged() bool {
 	}
 	gen := p.gen
 	p.opts.Metrics.ResyncsSkipped.Inc()
-	p.opts.Metrics.SyncLastTimestamp.SetToCurrentTime()
+	for _, c := range p.opts.Configs {
+		p.opts.Metrics.SyncLastTimestamp.WithLabelValues(familyLabel(c.Family)).SetToCurrentTime()
+	}
 	p.opts.Logger.Debug("Resync skipped: no nftables commit since the last sync", zap.Uint32("generation", gen))
 	return true
 }
@@ -329,16 +378,19 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	defer resume()
 	allFull := true
 	var commits uint32
+	kinds := make([]string, len(p.opts.Configs))
 	serviceChanges, endpointChanges := countChanges(in.ports)
 	mt.ServiceChanges.Add(float64(serviceChanges))
 	mt.EndpointChanges.Add(float64(endpointChanges))
-	for _, cfg := range p.opts.Configs {
+	for i, cfg := range p.opts.Configs {
 		state, stats, kind, err := p.apply(&in, cfg)
+		kinds[i] = kind
 		if err != nil {
 			// Every state must be at p.ports, which the next sync starts
 			// from; the families synced before this one are past it.
 			clear(p.applied)
 			mt.SyncFailures.Inc()
+			mt.NFTablesFailures.WithLabelValues(familyLabel(cfg.Family)).Inc()
 			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
 				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
 			return fmt.Errorf("sync %s table: %w", cfg.Family, err)
@@ -373,8 +425,20 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 		p.drift.raise(tamperUnknown)
 	}
 	elapsed := time.Since(start)
-	mt.SyncDuration.Observe(elapsed.Seconds())
-	mt.SyncLastTimestamp.SetToCurrentTime()
+	p.countNoLocal(&in)
+	for i, cfg := range p.opts.Configs {
+		family := familyLabel(cfg.Family)
+		mt.SyncDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		if kinds[i] == "full" {
+			mt.SyncFullDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		} else {
+			mt.SyncPartialDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		}
+		mt.SyncLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+		nl := p.noLocal[cfg.Family]
+		mt.NoLocalEndpoints.WithLabelValues("internal", family).Set(float64(nl.internal))
+		mt.NoLocalEndpoints.WithLabelValues("external", family).Set(float64(nl.external))
+	}
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
 		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
@@ -391,6 +455,29 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	}
 	p.node = in.node
 	return nil
+}
+
+// countNoLocal brings the no-local-endpoints counts to the sync's state:
+// from the whole snapshot when the sync has one, else along the changes.
+func (p *Proxier) countNoLocal(in *syncInput) {
+	for _, cfg := range p.opts.Configs {
+		c := p.noLocal[cfg.Family]
+		if in.snap != nil {
+			*c = noLocalCounts{}
+			for i := range in.snap.Services {
+				sp := &in.snap.Services[i]
+				c.set(sp.Name, noLocalOf(sp, &in.node, cfg))
+			}
+			continue
+		}
+		for _, pc := range in.ports {
+			var v noLocal
+			if pc.new != nil {
+				v = noLocalOf(pc.new, &in.node, cfg)
+			}
+			c.set(pc.name(), v)
+		}
+	}
 }
 
 // apply brings one family's table to the sync's state: only the changes of

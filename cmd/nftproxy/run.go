@@ -47,6 +47,10 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 	}
 	metrics := proxier.NewMetrics()
+	metrics.Registry.MustRegister(proxier.BuildInfo(version, commit))
+	clientMetrics := k8s.NewClientMetrics()
+	metrics.Registry.MustRegister(clientMetrics.Collectors()...)
+	k8s.RegisterClientMetrics(clientMetrics)
 	tracker, err := newTracker(o, log, metrics)
 	if err != nil {
 		return err
