@@ -177,8 +177,8 @@ func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.
 	}
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if o.kubeconfig != "" || o.kp.master != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.kp.master, o.kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
