@@ -572,12 +572,14 @@ func (c *compiler) nodePortPrefixes() []netip.Prefix {
 
 // primaryAddr is the node's primary address of the compiled family, as
 // kube-proxy picks it: bindAddress, else the Node's first address.
-func (c *compiler) primaryAddr() netip.Addr {
-	if c.cfg.addrInFamily(c.cfg.BindAddress) && !c.cfg.BindAddress.IsUnspecified() {
-		return c.cfg.BindAddress
+func (c *compiler) primaryAddr() netip.Addr { return primaryAddr(c.cfg, &c.node) }
+
+func primaryAddr(cfg Config, node *k8s.Node) netip.Addr {
+	if cfg.addrInFamily(cfg.BindAddress) && !cfg.BindAddress.IsUnspecified() {
+		return cfg.BindAddress
 	}
-	for _, a := range c.node.Addrs {
-		if c.cfg.addrInFamily(a) {
+	for _, a := range node.Addrs {
+		if cfg.addrInFamily(a) {
 			return a
 		}
 	}

@@ -45,6 +45,9 @@ type Metrics struct {
 	ConntrackDuration prometheus.Histogram
 	ConntrackFailures prometheus.Counter
 	RulesetElements   *prometheus.GaugeVec
+	// HealthCheckBindFailures counts healthCheckNodePorts that could not
+	// be bound (each is retried at the next update).
+	HealthCheckBindFailures prometheus.Counter
 
 	// pending reports the changes a sync has not taken yet; set by Run
 	// from a source that counts them.
@@ -128,6 +131,8 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_conntrack_cleanup_failures_total", Help: "Conntrack cleanups that failed (retried at the next sync)."}),
 		RulesetElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nftproxy_ruleset_elements", Help: "Set and map elements in the applied ruleset."}, []string{"family"}),
+		HealthCheckBindFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nftproxy_healthcheck_bind_failures_total", Help: "Attempts to serve a healthCheckNodePort that failed to bind (retried at the next update)."}),
 	}
 	pendingGauge := func(name, help string, endpoints bool) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
@@ -148,7 +153,7 @@ func NewMetrics() *Metrics {
 		pendingGauge("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", false),
 		mt.EndpointChanges, mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.DriftRepairs,
 		mt.BatchMessages, mt.InvalidObjects, mt.ConntrackDeleted, mt.ConntrackDuration, mt.ConntrackFailures, mt.RulesetElements,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		mt.HealthCheckBindFailures, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return mt
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -442,7 +443,8 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
 		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
-	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports)) {
+	// The servers listen on the node's addresses: a node change may move them.
+	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports) || !reflect.DeepEqual(p.node, in.node)) {
 		p.opts.HealthChecks.Update(in.snapshot(p.ports))
 	}
 	if p.opts.Flows != nil {

@@ -86,7 +86,8 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	defer func() { _ = conn.CloseLasting() }()
-	hc := proxier.NewHealthChecks(log, health)
+	hc := proxier.NewHealthChecks(log, health, proxier.HealthCheckOptions{Configs: cfgs,
+		LocalAddrs: conntrack.InterfaceAddrs, BindFailures: metrics.HealthCheckBindFailures})
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
 		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
