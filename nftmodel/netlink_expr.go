@@ -239,6 +239,8 @@ func ruleExprs(f Family, r Rule) ([]expr.Any, []anonMap, error) {
 		case MatchCtStateInvalid:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATE})
 			out = append(out, bitTest(expr.CtStateBitINVALID, true)...)
+		case Counter:
+			out = append(out, &expr.Counter{Packets: e.Packets, Bytes: e.Bytes})
 		case MatchCtStatusDNAT:
 			out = append(out, &expr.Ct{Register: 1, Key: expr.CtKeySTATUS})
 			out = append(out, bitTest(ctStatusDNAT, !e.Negate)...)

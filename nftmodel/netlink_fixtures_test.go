@@ -108,7 +108,7 @@ func fullRuleset() *Ruleset {
 				nlRule(MatchIifname{Name: "cali*"}, Verdict{Kind: Accept}),
 				nlRule(MatchIifname{Name: "eth0", Negate: true}, Verdict{Kind: Accept})),
 			nlBase("filter-forward", TypeFilter, HookForward, 0,
-				nlRule(MatchCtStateInvalid{}, Verdict{Kind: Drop}),
+				nlRule(MatchCtStateInvalid{}, Counter{}, Verdict{Kind: Drop}),
 				nlRule(MatchMark{Mask: 0x8000, IsSet: true}, Verdict{Kind: Drop})),
 			nlBase("filter-output", TypeFilter, HookOutput, 0, nlRule(nlJump("reject-chain"))),
 			{Name: "services", Rules: []Rule{

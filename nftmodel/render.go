@@ -311,6 +311,8 @@ func renderExpr(f Family, e Expr) string {
 		return fmt.Sprintf("update @%s { %s }", e.Set, fieldsName(f, e.Key))
 	case MatchCtStateInvalid:
 		return "ct state invalid"
+	case Counter:
+		return fmt.Sprintf("counter packets %d bytes %d", e.Packets, e.Bytes)
 	case MatchCtStatusDNAT:
 		if e.Negate {
 			return "ct status ! dnat"

@@ -492,6 +492,7 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			}
 		case UpdateSet:
 			// Affinity state is not modelled: a new client is in no set.
+		case Counter:
 		case MatchCtStateInvalid:
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}

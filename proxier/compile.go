@@ -500,7 +500,8 @@ func (c *compiler) baseChains() []*m.Chain {
 	// (kubelet's KUBE-MARK-DROP is gone), so the bit may mean something else.
 	var forward []m.Rule
 	if c.cfg.DropInvalid {
-		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
+		// Counted: nftproxy_ct_state_invalid_dropped_packets_total.
+		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Counter{}, m.Verdict{Kind: m.Drop}}})
 	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
 	var input []m.Rule

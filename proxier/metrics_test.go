@@ -388,3 +388,73 @@ func TestBuildLabels(t *testing.T) {
 		t.Errorf("kubernetes_build_info: %d series, want 1", n)
 	}
 }
+
+// countingKernel is a recordingKernel whose forward rule has counted
+// packets: more with every read, from zero after each full apply.
+type countingKernel struct {
+	recordingKernel
+	counted map[m.Family]uint64
+}
+
+func (k *countingKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	st, err := k.recordingKernel.Apply(rs)
+	if err == nil {
+		k.counted[rs.Family] = 0
+	}
+	return st, err
+}
+
+func (k *countingKernel) CounterPackets(f m.Family, table, chain string) (uint64, error) {
+	if table != TableName || chain != chainFilterForward {
+		return 0, errors.New("not the invalid-drop rule")
+	}
+	return k.counted[f], nil
+}
+
+// TestInvalidDropsCounted: the counter of packets dropped as invalid is the
+// kernel rule's, plus what the rules replaced by full syncs had counted;
+// a failed full apply, which leaves the rule in place, adds nothing.
+func TestInvalidDropsCounted(t *testing.T) {
+	k := &countingKernel{counted: map[m.Family]uint64{}}
+	mt := NewMetrics()
+	noDrop := testConfig6
+	noDrop.DropInvalid = false
+	p := New(Options{Configs: []Config{testConfig, noDrop}, Kernel: k, Metrics: mt})
+	snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1)}}
+	value := func() float64 {
+		t.Helper()
+		f := gather(t, mt)["nftproxy_ct_state_invalid_dropped_packets_total"]
+		if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetLabel()[0].GetValue() != "IPv4" {
+			t.Fatalf("nftproxy_ct_state_invalid_dropped_packets_total: %v, want one IPv4 series", f)
+		}
+		return f.GetMetric()[0].GetCounter().GetValue()
+	}
+	steps := []struct {
+		name    string
+		drops   uint64 // counted by the rule before the step
+		full    bool
+		fail    bool
+		want    float64
+		counted uint64 // the rule's count after the step
+	}{
+		{"first sync", 0, true, false, 0, 0},
+		{"drops", 5, false, false, 5, 5},
+		{"full sync replaces the rule", 2, true, false, 7, 0},
+		{"more drops", 3, false, false, 10, 3},
+		{"failed full sync keeps the rule", 1, true, true, 11, 4},
+		{"then a full sync", 0, true, false, 11, 0},
+	}
+	for _, st := range steps {
+		k.counted[m.IPv4] += st.drops
+		k.fail, k.failFamily = nil, ""
+		if st.fail {
+			k.fail, k.failFamily = errors.New("EBUSY"), "ip"
+		}
+		if err := p.Sync(context.Background(), snap, st.full); (err != nil) != st.fail {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := value(); got != st.want || k.counted[m.IPv4] != st.counted {
+			t.Errorf("%s: %v (rule %d), want %v (rule %d)", st.name, got, k.counted[m.IPv4], st.want, st.counted)
+		}
+	}
+}

@@ -37,6 +37,16 @@ func (k NetlinkKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.S
 
 func (k NetlinkKernel) Generation() (uint32, error) { return m.Generation(k.Conn) }
 
+func (k NetlinkKernel) CounterPackets(f m.Family, table, chain string) (uint64, error) {
+	return m.CounterPackets(k.Conn, f, table, chain)
+}
+
+// CounterReader is a Kernel that reads the packets its rules' counters
+// counted (NetlinkKernel): the invalid drops are reported from it.
+type CounterReader interface {
+	CounterPackets(f m.Family, table, chain string) (uint64, error)
+}
+
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
 	Clean(ctx context.Context, prev, next *k8s.Snapshot) (deleted int, err error)
@@ -106,6 +116,9 @@ type Proxier struct {
 	// noLocal counts, by family, the service ports whose Local traffic
 	// policy finds no local endpoint, as of the last successful sync.
 	noLocal map[m.Family]*noLocalCounts
+	// invalid counts the packets dropped as conntrack-invalid; nil when the
+	// kernel can't read counters.
+	invalid *invalidDrops
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -129,7 +142,13 @@ func New(opts Options) *Proxier {
 	}
 	opts.Health.SetFamilies(families...)
 	opts.Metrics.initFamilies(fams)
-	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal(), noLocal: noLocal}
+	p := &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal(), noLocal: noLocal}
+	if cr, ok := opts.Kernel.(CounterReader); ok {
+		p.invalid = newInvalidDrops(cr, opts.Configs, opts.Logger)
+		// Another proxier on the same metrics registered one already.
+		_ = opts.Metrics.Registry.Register(p.invalid)
+	}
+	return p
 }
 
 // pendingCounter is a source that counts the changes no sync has taken yet.
@@ -507,7 +526,12 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 		}
 	}
 	state, desired := newIncremental(in.snapshot(p.ports), cfg, slots)
+	// The full apply writes the counting rule anew, from zero.
+	counted := p.invalid.beforeRewrite(cfg)
 	stats, err := p.opts.Kernel.Apply(desired)
+	if err == nil {
+		p.invalid.rewritten(cfg.Family, counted)
+	}
 	return state, stats, "full", err
 }
 
