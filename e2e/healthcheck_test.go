@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
@@ -24,6 +26,51 @@ func TestHealthCheckNodePortAddresses(t *testing.T) {
 	}
 	const hcPort = 32100
 	secondary := netip.MustParseAddr("192.168.77.50")
+	url := func(a netip.Addr) string { return fmt.Sprintf("http://%s/", netip.AddrPortFrom(a, hcPort)) }
+	// check asks the health check on the primary address (200: the one
+	// endpoint is on node-1), the secondary one and the node's loopback.
+	check := func(t *testing.T, topo *netns.Topology, who string, secondaryAnswers bool) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		clusterEventually(ctx, t, who+": health check on the primary address", func() error {
+			code, body, err := topo.Client.Get(ctx, url(topo.NodeAddr))
+			if err == nil && code != 200 {
+				err = fmt.Errorf("status %d: %s", code, body)
+			}
+			return err
+		})
+		code, body, err := topo.Client.Get(ctx, url(secondary))
+		switch {
+		case secondaryAnswers && (err != nil || code != 200):
+			t.Errorf("%s: health check on the secondary address %s: %d %s %v, want 200", who, secondary, code, body, err)
+		case !secondaryAnswers && !clusterRefused(err):
+			t.Errorf("%s: health check on the secondary address %s: %d %s %v, want the connection refused", who, secondary, code, body, err)
+		}
+		if code, body, err := topo.Node.Get(ctx, url(netip.MustParseAddr("127.0.0.1"))); !clusterRefused(err) {
+			t.Errorf("%s: health check on the node's 127.0.0.1: %d %s %v, want the connection refused", who, code, body, err)
+		}
+	}
+	setup := func(t *testing.T) *netns.Topology {
+		topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2h", Pods: 1})
+		if _, err := topo.Node.IP("addr", "add", secondary.String()+"/24", "dev", netns.NodeUplink); err != nil {
+			t.Fatal(err)
+		}
+		return topo
+	}
+	// The reference: kube-proxy in nftables mode, the same objects.
+	t.Run("KubeProxy", func(t *testing.T) {
+		kubeProxyBinary(t)
+		env := newClusterEnv(t)
+		topo := setup(t)
+		env.createNodePortService(t.Context(), t, "e2e-hc", "web", "10.96.0.79", 30081, topo.Pods[0].Addr.String(), func(svc *v1.Service) {
+			svc.Spec.Type = v1.ServiceTypeLoadBalancer
+			svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			svc.Spec.HealthCheckNodePort = hcPort
+		})
+		startReferenceKubeProxy(t, env, topo.Node, "mode: nftables\nclusterCIDR: 10.244.0.0/16\n"+
+			"conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n")
+		check(t, topo, "kube-proxy", false)
+	})
 	for _, tt := range []struct {
 		name      string
 		args      []string
@@ -33,10 +80,7 @@ func TestHealthCheckNodePortAddresses(t *testing.T) {
 		{"CIDRs", []string{"--nodeport-addresses", "192.168.77.0/24"}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2h", Pods: 1})
-			if _, err := topo.Node.IP("addr", "add", secondary.String()+"/24", "dev", netns.NodeUplink); err != nil {
-				t.Fatal(err)
-			}
+			topo := setup(t)
 			dir := t.TempDir()
 			// healthCheckNodePort is a LoadBalancer's with externalTrafficPolicy Local.
 			manifest := semSvc{name: "web", typ: "LoadBalancer", clusterIPs: []string{"10.96.0.79"}, nodePort: 30081,
@@ -62,25 +106,7 @@ func TestHealthCheckNodePortAddresses(t *testing.T) {
 			if err := d.WaitSynced(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
-			url := func(a netip.Addr) string { return fmt.Sprintf("http://%s/", netip.AddrPortFrom(a, hcPort)) }
-			// The one endpoint is on node-1: the check says 200.
-			clusterEventually(ctx, t, "health check on the primary address", func() error {
-				code, body, err := topo.Client.Get(ctx, url(topo.NodeAddr))
-				if err == nil && code != 200 {
-					err = fmt.Errorf("status %d: %s", code, body)
-				}
-				return err
-			})
-			code, body, err := topo.Client.Get(ctx, url(secondary))
-			switch {
-			case tt.secondary && (err != nil || code != 200):
-				t.Errorf("health check on the secondary address %s: %d %s %v, want 200", secondary, code, body, err)
-			case !tt.secondary && !clusterRefused(err):
-				t.Errorf("health check on the secondary address %s: %d %s %v, want the connection refused", secondary, code, body, err)
-			}
-			if code, body, err := topo.Node.Get(ctx, url(netip.MustParseAddr("127.0.0.1"))); !clusterRefused(err) {
-				t.Errorf("health check on the node's 127.0.0.1: %d %s %v, want the connection refused", code, body, err)
-			}
+			check(t, topo, "nftproxy", tt.secondary)
 		})
 	}
 }

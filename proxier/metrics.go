@@ -55,7 +55,8 @@ type Metrics struct {
 }
 
 // kube-proxy's buckets: sync durations 1 ms .. 16 s; network programming
-// 0.25 s .. 5 min, by the second below a minute (the SLI's resolution).
+// 0, then 0.25 s .. 5 min, by the second below a minute (the SLI's
+// resolution; the leading 0 is component-base's MergeBuckets').
 var (
 	syncBuckets        = prometheus.ExponentialBuckets(0.001, 2, 15)
 	programmingBuckets = mergeBuckets(
@@ -66,7 +67,7 @@ var (
 )
 
 func mergeBuckets(parts ...[]float64) []float64 {
-	var out []float64
+	out := []float64{0}
 	for _, p := range parts {
 		out = append(out, p...)
 	}

@@ -58,7 +58,7 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 	mt.ConntrackDuration.Observe(0.01)
 	syncBuckets := []float64{0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096, 8.192, 16.384}
 	var programming []float64
-	programming = append(programming, 0.25, 0.5)
+	programming = append(programming, 0, 0.25, 0.5)
 	for s := 1; s <= 59; s++ {
 		programming = append(programming, float64(s))
 	}
