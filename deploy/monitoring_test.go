@@ -32,11 +32,12 @@ func exportedSeries(t *testing.T) map[string]bool {
 	mt.RulesetElements.WithLabelValues("ip")
 	for _, v := range []interface {
 		WithLabelValues(...string) prometheus.Observer
-	}{mt.SyncDuration, mt.SyncFullDuration, mt.SyncPartialDuration, mt.NetworkProgramming} {
+	}{mt.SyncDuration, mt.SyncFullDuration, mt.SyncPartialDuration, mt.NetworkProgramming, mt.ConntrackDuration} {
 		v.WithLabelValues("IPv4")
 	}
 	mt.SyncLastTimestamp.WithLabelValues("IPv4")
 	mt.SyncLastQueued.WithLabelValues("IPv4")
+	mt.ConntrackDeleted.WithLabelValues("IPv4")
 	families, err := mt.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -41,8 +41,8 @@ type Metrics struct {
 	DriftRepairs      prometheus.Counter
 	BatchMessages     prometheus.Histogram
 	InvalidObjects    *prometheus.CounterVec
-	ConntrackDeleted  prometheus.Counter
-	ConntrackDuration prometheus.Histogram
+	ConntrackDeleted  *prometheus.CounterVec   // by ip_family
+	ConntrackDuration *prometheus.HistogramVec // by ip_family: each cleanup covers both
 	ConntrackFailures prometheus.Counter
 	RulesetElements   *prometheus.GaugeVec
 	// HealthCheckBindFailures counts healthCheckNodePorts that could not
@@ -124,10 +124,10 @@ func NewMetrics() *Metrics {
 			Name: "nftproxy_batch_messages", Help: "Netlink messages per applied batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 12)}),
 		InvalidObjects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nftproxy_invalid_objects_total", Help: "Services and EndpointSlices (or parts of them) skipped as invalid."}, []string{"kind"}),
-		ConntrackDeleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kubeproxy_conntrack_reconciler_deleted_entries_total", Help: "Cumulative conntrack flows deleted by conntrack reconciler"}),
-		ConntrackDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "kubeproxy_conntrack_reconciler_sync_duration_seconds", Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: syncBuckets}),
+		ConntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_conntrack_reconciler_deleted_entries_total", Help: "Cumulative conntrack flows deleted by conntrack reconciler"}, family),
+		ConntrackDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kubeproxy_conntrack_reconciler_sync_duration_seconds", Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: syncBuckets}, family),
 		ConntrackFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nftproxy_conntrack_cleanup_failures_total", Help: "Conntrack cleanups that failed (retried at the next sync)."}),
 		RulesetElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -167,6 +167,8 @@ func (mt *Metrics) initFamilies(families []m.Family) {
 		mt.NFTablesFailures.WithLabelValues(l)
 		mt.NoLocalEndpoints.WithLabelValues("internal", l)
 		mt.NoLocalEndpoints.WithLabelValues("external", l)
+		mt.ConntrackDeleted.WithLabelValues(l)
+		mt.ConntrackDuration.WithLabelValues(l)
 	}
 }
 

@@ -55,7 +55,7 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 	}
 	p.queued()
 	p.observeProgramming([]k8s.TriggerTime{{Time: time.Now()}}, time.Now())
-	mt.ConntrackDuration.Observe(0.01)
+	mt.ConntrackDuration.WithLabelValues("IPv4").Observe(0.01)
 	syncBuckets := []float64{0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096, 8.192, 16.384}
 	var programming []float64
 	programming = append(programming, 0, 0.25, 0.5)
@@ -87,8 +87,8 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 		// A gauge despite its name, as in kube-proxy.
 		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", dto.MetricType_GAUGE, []string{"ip_family", "traffic_policy"}, nil},
 		{"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", dto.MetricType_COUNTER, family, nil},
-		{"kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", dto.MetricType_HISTOGRAM, nil, syncBuckets},
-		{"kubeproxy_conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", dto.MetricType_COUNTER, nil, nil},
+		{"kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", dto.MetricType_HISTOGRAM, family, syncBuckets},
+		{"kubeproxy_conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", dto.MetricType_COUNTER, family, nil},
 		{"nftproxy_network_programming_duration_seconds", "", dto.MetricType_HISTOGRAM, nil, nil},
 	}
 	fams := gather(t, mt)

@@ -49,8 +49,11 @@ type CounterReader interface {
 
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
-	Clean(ctx context.Context, prev, next *k8s.Snapshot) (deleted int, err error)
+	Clean(ctx context.Context, prev, next *k8s.Snapshot) (FlowsDeleted, error)
 }
+
+// FlowsDeleted counts the flows a cleanup deleted, by family.
+type FlowsDeleted struct{ IPv4, IPv6 int }
 
 // Source is where snapshots come from: the tracker.
 type Source interface {
@@ -558,9 +561,19 @@ func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 		// then hold them too.
 		next = in.snapshot(p.ports)
 	}
-	deleted, err := p.opts.Flows.Clean(ctx, prev, next)
-	p.opts.Metrics.ConntrackDuration.Observe(time.Since(start).Seconds())
-	p.opts.Metrics.ConntrackDeleted.Add(float64(deleted))
+	byFamily, err := p.opts.Flows.Clean(ctx, prev, next)
+	deleted := byFamily.IPv4 + byFamily.IPv6
+	// One cleanup covers both families: each family observes it, as the
+	// sync durations do.
+	for _, c := range p.opts.Configs {
+		family := familyLabel(c.Family)
+		p.opts.Metrics.ConntrackDuration.WithLabelValues(family).Observe(time.Since(start).Seconds())
+		n := byFamily.IPv4
+		if c.Family == m.IPv6 {
+			n = byFamily.IPv6
+		}
+		p.opts.Metrics.ConntrackDeleted.WithLabelValues(family).Add(float64(n))
+	}
 	p.flowsFailed = err != nil
 	if err != nil {
 		p.opts.Metrics.ConntrackFailures.Inc()
