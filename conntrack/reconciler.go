@@ -36,8 +36,8 @@ type Result struct {
 	Deleted int // flows this call removed
 	// DeletedIPv6 are the IPv6 flows among Deleted.
 	DeletedIPv6 int
-	Gone    int // stale flows someone else removed first
-	Failed  int // stale flows whose deletion failed
+	Gone        int // stale flows someone else removed first
+	Failed      int // stale flows whose deletion failed
 	// Duration is the wall time of the whole call, dump included.
 	Duration time.Duration
 }
