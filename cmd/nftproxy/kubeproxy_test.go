@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -130,7 +131,13 @@ func TestKubeProxyFlags(t *testing.T) {
 			t.Errorf("%q: warnings %q, want none", tt.args, o.warnings)
 		}
 	}
-	o, _ := parseFlags(t, "--master=https://10.0.0.1:6443", "--cleanup")
+	// /configz and --write-config-to say mode nftables: every address must
+	// be spelled out there, as empty means primary in that mode.
+	o, _ := parseFlags(t, "--proxy-mode=iptables")
+	if got := effectiveConfig(&o).NodePortAddresses; !slices.Equal(got, []string{"0.0.0.0/0", "::/0"}) {
+		t.Errorf("--proxy-mode=iptables: effective nodePortAddresses %q, want every address", got)
+	}
+	o, _ = parseFlags(t, "--master=https://10.0.0.1:6443", "--cleanup")
 	if o.kp.master != "https://10.0.0.1:6443" || !o.kp.cleanup {
 		t.Errorf("--master, --cleanup: %q, %v", o.kp.master, o.kp.cleanup)
 	}

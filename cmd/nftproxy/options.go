@@ -515,6 +515,11 @@ func effectiveConfig(o *options) kubeProxyConfiguration {
 	c.DetectLocal.BridgeInterface, c.DetectLocal.InterfaceNamePrefix = o.bridgeInterface, o.interfaceNamePrefix
 	c.ClusterCIDR = o.clusterCIDRs
 	c.NodePortAddresses = splitList(o.nodePortAddresses)
+	if len(c.NodePortAddresses) == 0 && (o.proxyMode == "iptables" || o.proxyMode == "ipvs") {
+		// Every address, which empty means in those modes only: in
+		// nftables mode (what this configuration says) it means primary.
+		c.NodePortAddresses = []string{"0.0.0.0/0", "::/0"}
+	}
 	c.OOMScoreAdj = &o.oomScoreAdj
 	c.Conntrack.MaxPerCore, c.Conntrack.Min = &o.ct.maxPerCore, &o.ct.min
 	c.Conntrack.TCPEstablishedTimeout, c.Conntrack.TCPCloseWaitTimeout = dur(o.ct.tcpEstablished), dur(o.ct.tcpCloseWait)
