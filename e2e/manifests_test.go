@@ -16,18 +16,19 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // kernelTable reads the node's ip nftproxy table back over netlink, as
 // `nftproxy list` prints it.
 func (s *scenario) kernelTable() string {
 	s.t.Helper()
-	conn, err := nftmodel.Dial(s.topo.Node.Fd())
+	conn, err := nftnl.Dial(s.topo.Node.Fd())
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
-	rs, err := nftmodel.Read(conn, nftmodel.IPv4, "nftproxy")
+	defer func() { _ = conn.Close() }()
+	rs, err := nftnl.Read(conn, nftmodel.IPv4, "nftproxy")
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -48,9 +48,9 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 			fmt.Fprintf(b, " : %s", fieldsName(f, s.Typeof.Data))
 		}
 	default:
-		fmt.Fprintf(b, "\t\ttype %s", typeNames(s.Key))
+		fmt.Fprintf(b, "\t\ttype %s", RenderTypes(s.Key))
 		if len(s.Data) > 0 {
-			fmt.Fprintf(b, " : %s", typeNames(s.Data))
+			fmt.Fprintf(b, " : %s", RenderTypes(s.Data))
 		}
 	}
 	b.WriteString("\n")
@@ -93,7 +93,7 @@ func elementsPerLine(key []DataType) int {
 
 func renderElement(s *Set, e Element) string {
 	var b strings.Builder
-	b.WriteString(renderValues(s.Key, e.Key))
+	b.WriteString(RenderValues(s.Key, e.Key))
 	if e.Comment != "" {
 		fmt.Fprintf(&b, " comment %q", e.Comment)
 	}
@@ -101,12 +101,13 @@ func renderElement(s *Set, e Element) string {
 	case e.Verdict != nil:
 		b.WriteString(" : " + renderVerdict(*e.Verdict))
 	case len(s.Data) > 0:
-		b.WriteString(" : " + renderValues(s.Data, e.Data))
+		b.WriteString(" : " + RenderValues(s.Data, e.Data))
 	}
 	return b.String()
 }
 
-func renderValues(types []DataType, vals []Value) string {
+// RenderValues prints a key or value as nft lists it: its parts joined by " . ".
+func RenderValues(types []DataType, vals []Value) string {
 	parts := make([]string, len(vals))
 	for i, v := range vals {
 		parts[i] = renderValue(types[i], v)
@@ -125,7 +126,8 @@ func renderValue(t DataType, v Value) string {
 	}
 }
 
-func typeNames(ts []DataType) string {
+// RenderTypes prints a key or value type as nft declares it.
+func RenderTypes(ts []DataType) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
 		parts[i] = [...]string{"ipv4_addr", "ipv6_addr", "inet_proto", "inet_service", "verdict", "integer"}[t]
@@ -154,13 +156,13 @@ func SortElements(s *Set) {
 	if n < 2 {
 		return
 	}
-	stride := max(encodedLen(s.Key), 1)
+	stride := max(KeyLen(s.Key), 1)
 	keys := make([]byte, n*stride)
 	for i := range els {
 		k := keys[i*stride : (i+1)*stride : (i+1)*stride]
 		// An element of the wrong shape (refused when applied) sorts by
 		// what of its key fits.
-		copy(k, appendValues(k[:0], s.Key, els[i].Key))
+		copy(k, AppendKeyBytes(k[:0], s.Key, els[i].Key))
 		if len(s.Key) > 1 {
 			slices.Reverse(k)
 		}
@@ -194,11 +196,34 @@ func SortElements(s *Set) {
 // KeyBytes encodes values as the kernel stores them: each part in network
 // byte order, padded to a multiple of 4 bytes when the key is a concatenation.
 func KeyBytes(types []DataType, vals []Value) []byte {
-	return appendValues(nil, types, vals)
+	return AppendKeyBytes(nil, types, vals)
 }
 
-// appendValues appends KeyBytes(types, vals) to b.
-func appendValues(b []byte, types []DataType, vals []Value) []byte {
+// KeyLen is the length KeyBytes gives values of the types.
+func KeyLen(ts []DataType) int {
+	n := 0
+	for _, t := range ts {
+		switch t {
+		case TypeIPv4Addr:
+			n += 4
+		case TypeIPv6Addr:
+			n += 16
+		case TypeInetProto:
+			n++
+		case TypeInetService:
+			n += 2
+		case TypeInteger:
+			n += 4
+		}
+		if len(ts) > 1 {
+			n = (n + 3) &^ 3
+		}
+	}
+	return n
+}
+
+// AppendKeyBytes appends KeyBytes(types, vals) to b.
+func AppendKeyBytes(b []byte, types []DataType, vals []Value) []byte {
 	start := len(b)
 	for i, t := range types {
 		switch t {

@@ -11,6 +11,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -211,18 +212,18 @@ func BenchmarkKernelSync(b *testing.B) {
 	for _, w := range workloads {
 		b.Run("full/"+w.name, func(b *testing.B) {
 			ns := netns.New(b, "pxb")
-			conn, err := m.Dial(ns.Fd())
+			conn, err := nftnl.Dial(ns.Fd())
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer func() { _ = conn.CloseLasting() }()
+			defer func() { _ = conn.Close() }()
 			var cpu time.Duration
 			for b.Loop() {
 				b.StopTimer()
-				if err := m.Delete(conn, m.IPv4, proxier.TableName); err != nil {
+				if err := nftnl.Delete(conn, m.IPv4, proxier.TableName); err != nil {
 					b.Fatal(err)
 				}
-				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: proxier.NetlinkKernel{Conn: conn}})
+				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
 				b.StartTimer()
 				start := cpuTime()
 				if err := p.Sync(context.Background(), w.snap, true); err != nil {
@@ -234,12 +235,12 @@ func BenchmarkKernelSync(b *testing.B) {
 		})
 		b.Run("endpoint-replaced/"+w.name, func(b *testing.B) {
 			ns := netns.New(b, "pxb")
-			conn, err := m.Dial(ns.Fd())
+			conn, err := nftnl.Dial(ns.Fd())
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer func() { _ = conn.CloseLasting() }()
-			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: proxier.NetlinkKernel{Conn: conn}})
+			defer func() { _ = conn.Close() }()
+			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
 			if err := p.Sync(context.Background(), w.snap, true); err != nil {
 				b.Fatal(err)
 			}

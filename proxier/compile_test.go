@@ -36,6 +36,7 @@ func svc(name, port string, clusterIP string, n int, mods ...func(*k8s.ServicePo
 
 func nodePort(p uint16) func(*k8s.ServicePort) { return func(sp *k8s.ServicePort) { sp.NodePort = p } }
 func udp(sp *k8s.ServicePort)                  { sp.Name.Protocol = k8s.UDP; sp.Port = 53 }
+func sctp(sp *k8s.ServicePort)                 { sp.Name.Protocol = k8s.SCTP; sp.Port = 3868 }
 
 // local puts the first n endpoints on node-1 and the others on node-2.
 func local(n int) func(*k8s.ServicePort) {
@@ -87,6 +88,8 @@ func goldenCases() []goldenCase {
 		{name: "nodeport", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080))}},
 		{name: "no-endpoints", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, nodePort(30080))}},
 		{name: "udp", services: []k8s.ServicePort{svc("dns", "dns", "10.96.0.53", 2, udp)}},
+		// SCTP (Diameter's port): the same maps and chains, keyed by sctp.
+		{name: "sctp", services: []k8s.ServicePort{svc("diameter", "diameter", "10.96.0.30", 2, nodePort(30868), sctp)}},
 		{name: "several-ports", services: []k8s.ServicePort{
 			svc("web", "http", "10.96.0.10", 2),
 			svc("web", "https", "10.96.0.10", 2, func(sp *k8s.ServicePort) { sp.Port = 443 }),

@@ -91,7 +91,7 @@ func (d *driftSignal) take() tamper {
 }
 
 // Notify takes nftables notifications of the proxier's namespace (the
-// callback of nftmodel.Watch): when another program changed nftproxy's
+// callback of nftnl.Watch): when another program changed nftproxy's
 // tables, Run starts a full sync at once (at most one per MinSyncPeriod)
 // instead of waiting for SyncPeriod.
 func (p *Proxier) Notify(events []m.Event) {

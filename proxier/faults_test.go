@@ -14,6 +14,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/nftmodel/nlfault"
 )
 
@@ -40,17 +41,17 @@ func faultSnapshots() (before, after *k8s.Snapshot) {
 type faultRig struct {
 	t    *testing.T
 	ns   *netns.NS
-	conn *m.Conn
+	conn *nftnl.Conn
 	in   *nlfault.Injector
 }
 
 func newFaultRig(t *testing.T) *faultRig {
 	ns := netns.New(t, "pxf")
-	conn, err := m.Dial(ns.Fd())
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.CloseLasting() })
+	t.Cleanup(func() { _ = conn.Close() })
 	conn.SendTimeout = 200 * time.Millisecond
 	return &faultRig{t: t, ns: ns, conn: conn, in: nlfault.Wrap(conn)}
 }
@@ -58,12 +59,12 @@ func newFaultRig(t *testing.T) *faultRig {
 // fresh deletes the table and returns a new proxier, its logs and metrics.
 func (r *faultRig) fresh() (*Proxier, *observer.ObservedLogs, *Metrics) {
 	r.t.Helper()
-	if err := m.Delete(r.conn, m.IPv4, TableName); err != nil {
+	if err := nftnl.Delete(r.conn, m.IPv4, TableName); err != nil {
 		r.t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	mt := NewMetrics()
-	p := New(Options{Configs: []Config{testConfig}, Kernel: NetlinkKernel{Conn: r.conn}, Logger: zap.New(core), Metrics: mt})
+	p := New(Options{Configs: []Config{testConfig}, Kernel: nftnl.Kernel{Conn: r.conn}, Logger: zap.New(core), Metrics: mt})
 	return p, logs, mt
 }
 

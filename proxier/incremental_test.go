@@ -16,6 +16,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // randomSnapshots walks a random sequence of snapshots: each step adds,
@@ -233,19 +234,19 @@ func TestSameServicePortSeesEveryField(t *testing.T) {
 
 // TestIncrementalThroughNetlink sends the incremental changes of a random
 // sequence over netlink: the kernel takes every batch, and the table read
-// back (nftmodel.Read, which lists as nft does) is Compile's ruleset at the end.
+// back (nftnl.Read, which lists as nft does) is Compile's ruleset at the end.
 func TestIncrementalThroughNetlink(t *testing.T) {
 	ns := netns.New(t, "pxi")
-	conn, err := m.Dial(ns.Fd())
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	for _, cfg := range incrementalConfigs {
 		g := newRandomSnapshots(11)
 		snap := g.next()
 		state, rs := newIncremental(snap, cfg, nil)
-		if _, err := m.Apply(conn, rs); err != nil {
+		if _, err := nftnl.Apply(conn, rs); err != nil {
 			t.Fatalf("apply: %v", err)
 		}
 		for step := range 80 {
@@ -255,11 +256,11 @@ func TestIncrementalThroughNetlink(t *testing.T) {
 			if !ok {
 				t.Fatalf("step %d: update refused", step)
 			}
-			if _, err := m.ApplyChanges(conn, cfg.Family, TableName, &changes); err != nil {
+			if _, err := nftnl.ApplyChanges(conn, cfg.Family, TableName, &changes); err != nil {
 				t.Fatalf("step %d: apply changes: %v", step, err)
 			}
 		}
-		read, err := m.Read(conn, cfg.Family, TableName)
+		read, err := nftnl.Read(conn, cfg.Family, TableName)
 		if err != nil {
 			t.Fatal(err)
 		}

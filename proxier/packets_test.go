@@ -16,6 +16,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // Real packets through the shared endpoint map: a client namespace connects
@@ -51,7 +52,7 @@ func wideSnapshot(idx []int) *k8s.Snapshot {
 
 // wideTopology builds client, node and one pod holding wideEndpoints+1
 // addresses (one spare for a replacement), serving on all of them.
-func wideTopology(t *testing.T) (*netns.Topology, *m.Conn) {
+func wideTopology(t *testing.T) (*netns.Topology, *nftnl.Conn) {
 	t.Helper()
 	topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "pxw", Pods: 1})
 	pod := topo.Pods[0]
@@ -83,11 +84,11 @@ func wideTopology(t *testing.T) (*netns.Topology, *m.Conn) {
 			wg.Go(func() { serveWide(c) })
 		}
 	})
-	conn, err := m.Dial(topo.Node.Fd())
+	conn, err := nftnl.Dial(topo.Node.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.CloseLasting() })
+	t.Cleanup(func() { _ = conn.Close() })
 	return topo, conn
 }
 
@@ -174,7 +175,7 @@ func TestWideServiceSpreadsAndKeepsConnections(t *testing.T) {
 	snap := wideSnapshot(idx)
 	cfg := Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netns.ClusterCIDR}}
 	state, rs := newIncremental(snap, cfg, nil)
-	if _, err := m.Apply(conn, rs); err != nil {
+	if _, err := nftnl.Apply(conn, rs); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -255,7 +256,7 @@ func TestWideServiceSpreadsAndKeepsConnections(t *testing.T) {
 	if !ok {
 		t.Fatal("update refused")
 	}
-	stats, err := m.ApplyChanges(conn, m.IPv4, TableName, &changes)
+	stats, err := nftnl.ApplyChanges(conn, m.IPv4, TableName, &changes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
-// Kernel writes rulesets; the netlink applier in the daemon's namespace is
-// the real one.
+// Kernel writes rulesets; the netlink applier in the daemon's namespace
+// (nftnl.Kernel) is the real one.
 type Kernel interface {
 	Apply(rs *m.Ruleset) (m.Stats, error)
 	ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error)
@@ -25,24 +25,8 @@ type Kernel interface {
 	Generation() (uint32, error)
 }
 
-// NetlinkKernel is the real Kernel: the netlink applier on one connection,
-// lasting in the daemon.
-type NetlinkKernel struct{ Conn *m.Conn }
-
-func (k NetlinkKernel) Apply(rs *m.Ruleset) (m.Stats, error) { return m.Apply(k.Conn, rs) }
-
-func (k NetlinkKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
-	return m.ApplyChanges(k.Conn, f, table, c)
-}
-
-func (k NetlinkKernel) Generation() (uint32, error) { return m.Generation(k.Conn) }
-
-func (k NetlinkKernel) CounterPackets(f m.Family, table, chain string) (uint64, error) {
-	return m.CounterPackets(k.Conn, f, table, chain)
-}
-
 // CounterReader is a Kernel that reads the packets its rules' counters
-// counted (NetlinkKernel): the invalid drops are reported from it.
+// counted (nftnl.Kernel): the invalid drops are reported from it.
 type CounterReader interface {
 	CounterPackets(f m.Family, table, chain string) (uint64, error)
 }
@@ -85,7 +69,7 @@ type Options struct {
 	// commits on, so that Notify can tell our commits from others'.
 	OwnPort func(port uint32) bool
 	// Notifications, when set, is paused during each sync's batches (see
-	// nftmodel.Watcher.Pause); a commit of another program meanwhile, told
+	// nftnl.Watcher.Pause); a commit of another program meanwhile, told
 	// by the generation, makes Run repair at once.
 	Notifications Pauser
 }

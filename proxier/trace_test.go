@@ -41,6 +41,7 @@ func tracePkt(src, dst string, port uint16, mods ...func(*m.Packet)) m.Packet {
 // fromNode makes the packet one the node sends itself.
 func fromNode(p *m.Packet)            { p.Hook = m.HookOutput }
 func udpPkt(p *m.Packet)              { p.Proto = 17 }
+func sctpPkt(p *m.Packet)             { p.Proto = 132 }
 func iif(name string) func(*m.Packet) { return func(p *m.Packet) { p.Iif = name } }
 func marked(mark uint32) func(*m.Packet) {
 	return func(p *m.Packet) { p.Mark = mark }
@@ -61,6 +62,7 @@ func ipv6(sp *k8s.ServicePort) {
 func TestTraceCompiled(t *testing.T) {
 	web2 := []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2, nodePort(30080))}
 	web0 := []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, nodePort(30080))}
+	sctp2 := []k8s.ServicePort{svc("diameter", "diameter", "10.96.0.30", 2, nodePort(30868), sctp)}
 	both := []string{"10.244.1.10:8080", "10.244.1.11:8080"}
 	v6Config := Config{Family: m.IPv6, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}
 
@@ -97,6 +99,21 @@ func TestTraceCompiled(t *testing.T) {
 		{
 			name:     "ClusterIP with the other protocol is refused (a port no service has)",
 			services: web2, p: tracePkt(podSrc, "10.96.0.10", 80, udpPkt),
+			verdict: m.VerdictReject,
+		},
+		{
+			name:     "SCTP ClusterIP from a pod reaches every endpoint, source kept",
+			services: sctp2, p: tracePkt(podSrc, "10.96.0.30", 3868, sctpPkt),
+			verdict: m.VerdictAccept, reach: both,
+		},
+		{
+			name:     "SCTP NodePort from outside reaches endpoints, masqueraded",
+			services: sctp2, p: tracePkt(outsideSrc, "192.168.77.1", 30868, sctpPkt),
+			verdict: m.VerdictAccept, reach: both, masqueraded: both,
+		},
+		{
+			name:     "TCP to an SCTP service port is refused (a port no service has)",
+			services: sctp2, p: tracePkt(podSrc, "10.96.0.30", 3868),
 			verdict: m.VerdictReject,
 		},
 		{

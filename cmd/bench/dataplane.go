@@ -10,6 +10,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -39,11 +40,11 @@ func dataplanePhase(res *Results, o *options) (err error) {
 		}
 		pods = append(pods, p.Addr)
 	}
-	conn, err := m.Dial(topo.Node.Fd())
+	conn, err := nftnl.Dial(topo.Node.Fd())
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 
 	for _, n := range o.sizes {
 		snap := snapshot(n, map[int][]netip.Addr{0: pods, n - 1: pods})
@@ -52,7 +53,7 @@ func dataplanePhase(res *Results, o *options) (err error) {
 			netip.AddrPortFrom(clusterIP(n-1), servicePort),
 		}
 		logf("dataplane, %d services: nftproxy", n)
-		if _, err := m.Apply(conn, proxier.Compile(snap, compileConfig)); err != nil {
+		if _, err := nftnl.Apply(conn, proxier.Compile(snap, compileConfig)); err != nil {
 			return err
 		}
 		first, last, err := sampleConnects(topo.Client, targets, o.samples)
@@ -61,7 +62,7 @@ func dataplanePhase(res *Results, o *options) (err error) {
 		}
 		res.add(n, metricConnect, methodConnNftFirst, first...)
 		res.add(n, metricConnect, methodConnNftLast, last...)
-		if err := m.Delete(conn, m.IPv4, proxier.TableName); err != nil {
+		if err := nftnl.Delete(conn, m.IPv4, proxier.TableName); err != nil {
 			return err
 		}
 		flushConntrack(topo.Node)

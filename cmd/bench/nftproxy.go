@@ -18,6 +18,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -61,16 +62,16 @@ func childSync(n int, nsPath string, memstats bool) error {
 		return fmt.Errorf("open netns: %w", err)
 	}
 	defer unix.Close(fd)
-	conn, err := m.Dial(fd)
+	conn, err := nftnl.Dial(fd)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	start := time.Now()
 	rs := proxier.Compile(snap, compileConfig)
 	compiled := time.Now()
 	heap(stageCompiled)
-	stats, err := m.Apply(conn, rs)
+	stats, err := nftnl.Apply(conn, rs)
 	if err != nil {
 		return err
 	}
@@ -202,7 +203,7 @@ func fullSyncNftText(res *Results, n, runs int) error {
 // connection and proxier a daemon would keep.
 type updater struct {
 	ns      *netns.NS
-	conn    *m.Conn
+	conn    *nftnl.Conn
 	snap    *k8s.Snapshot
 	applied *m.Ruleset // Compile(snap), for the paths that diff rulesets
 	proxier *proxier.Proxier
@@ -212,21 +213,21 @@ type updater struct {
 
 // timedKernel is the daemon's kernel, timing each batch.
 type timedKernel struct {
-	proxier.NetlinkKernel
+	nftnl.Kernel
 	took          time.Duration
 	full, changes int
 }
 
 func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	start := time.Now()
-	st, err := k.NetlinkKernel.Apply(rs)
+	st, err := k.Kernel.Apply(rs)
 	k.took, k.full = time.Since(start), k.full+1
 	return st, err
 }
 
 func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
 	start := time.Now()
-	st, err := k.NetlinkKernel.ApplyChanges(f, table, c)
+	st, err := k.Kernel.ApplyChanges(f, table, c)
 	k.took, k.changes = time.Since(start), k.changes+1
 	return st, err
 }
@@ -276,7 +277,7 @@ func (u *updater) viaDiff(c change) (time.Duration, error) {
 	if !ok {
 		return 0, errors.New("diff: change not expressible incrementally")
 	}
-	if _, err := m.ApplyChanges(u.conn, desired.Family, desired.Table, &changes); err != nil {
+	if _, err := nftnl.ApplyChanges(u.conn, desired.Family, desired.Table, &changes); err != nil {
 		return 0, err
 	}
 	took := time.Since(start)
@@ -314,12 +315,12 @@ func (u *updater) viaText(c change) (time.Duration, error) {
 // sync (not timed) brings it back in step with the kernel.
 func nftproxyUpdates(res *Results, n, runs int) error {
 	return freshNS(func(ns *netns.NS) error {
-		conn, err := m.Dial(ns.Fd())
+		conn, err := nftnl.Dial(ns.Fd())
 		if err != nil {
 			return err
 		}
-		defer func() { _ = conn.CloseLasting() }()
-		k := &timedKernel{NetlinkKernel: proxier.NetlinkKernel{Conn: conn}}
+		defer func() { _ = conn.Close() }()
+		k := &timedKernel{Kernel: nftnl.Kernel{Conn: conn}}
 		u := &updater{ns: ns, conn: conn, snap: snapshot(n, nil), kernel: k,
 			proxier: proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})}
 		resync := func() error { return u.proxier.Sync(context.Background(), u.snap, true) }

@@ -30,7 +30,7 @@ const (
 const (
 	methodNftproxy        = "nftproxy"                         // full: compile + one netlink batch; update: proxier.Sync
 	methodCompile         = "nftproxy compile"                 // full: proxier.Compile; update: Sync's user-space share
-	methodApply           = "nftproxy netlink"                 // nftmodel.Apply / ApplyChanges alone
+	methodApply           = "nftproxy netlink"                 // nftnl.Apply / ApplyChanges alone
 	methodMemLimit        = "nftproxy, GOMEMLIMIT=" + memLimit // the same child with a soft memory limit
 	methodFullDiff        = "full compile + diff"              // the replaced update path: Compile + Diff + ApplyChanges
 	methodNftText         = "nft -f"                           // the same ruleset or change as nft text

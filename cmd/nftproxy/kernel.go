@@ -9,6 +9,7 @@ import (
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/k8s"
 	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 	"github.com/nftproxy/nftproxy/proxier/kubeproxy"
 )
@@ -23,13 +24,13 @@ func (f flowCleaner) Clean(ctx context.Context, prev, next *k8s.Snapshot) (proxi
 
 // cleanup removes nftproxy's tables of both families from this namespace.
 func cleanup() error {
-	conn, err := nftmodel.Dial(0)
+	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	for _, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
-		if err := nftmodel.Delete(conn, f, proxier.TableName); err != nil {
+		if err := nftnl.Delete(conn, f, proxier.TableName); err != nil {
 			return err
 		}
 	}
@@ -39,12 +40,12 @@ func cleanup() error {
 // cleanupKubeProxy removes kube-proxy's iptables chains and nftables tables
 // from this namespace, and nothing else.
 func cleanupKubeProxy(ctx context.Context, log *zap.Logger) error {
-	conn, err := nftmodel.Dial(0)
+	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
-	removed, err := kubeproxy.CleanupIPTables(ctx, conn.Conn, log)
+	defer func() { _ = conn.Close() }()
+	removed, err := kubeproxy.CleanupIPTables(ctx, conn, log)
 	if err != nil {
 		return err
 	}
@@ -56,13 +57,13 @@ func cleanupKubeProxy(ctx context.Context, log *zap.Logger) error {
 
 // kernel is the proxier's kernel: the netlink applier, which replaces
 // kube-proxy's rules at the first sync when asked to.
-func kernel(ctx context.Context, o *options, conn *nftmodel.Conn, families int, log *zap.Logger) proxier.Kernel {
-	k := proxier.NetlinkKernel{Conn: conn}
+func kernel(ctx context.Context, o *options, conn *nftnl.Conn, families int, log *zap.Logger) proxier.Kernel {
+	k := nftnl.Kernel{Conn: conn}
 	if !o.cleanupKubeProxy {
 		return k
 	}
-	return &kubeproxy.Replacer{NetlinkKernel: k, Families: families, Logger: log, IPTables: func() error {
-		_, err := kubeproxy.CleanupIPTables(ctx, conn.Conn, log)
+	return &kubeproxy.Replacer{Kernel: k, Families: families, Logger: log, IPTables: func() error {
+		_, err := kubeproxy.CleanupIPTables(ctx, conn, log)
 		return err
 	}}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -25,15 +26,15 @@ func list(w io.Writer, family string) error {
 	default:
 		return fmt.Errorf("--family %q: want ip or ip6", family)
 	}
-	conn, err := nftmodel.Dial(0)
+	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	found := false
 	for _, f := range families {
-		rs, err := nftmodel.Read(conn, f, proxier.TableName)
-		if errors.Is(err, nftmodel.ErrNoTable) {
+		rs, err := nftnl.Read(conn, f, proxier.TableName)
+		if errors.Is(err, nftnl.ErrNoTable) {
 			continue
 		}
 		if err != nil {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/k8s"
-	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -29,6 +29,9 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	setMemoryLimit(log)
 	cfgs, err := o.compileConfigs()
 	if err != nil {
+		return err
+	}
+	if err := checkKernel(cfgs, o.conntrack, log); err != nil {
 		return err
 	}
 	if err := initNode(o, log); err != nil {
@@ -81,11 +84,11 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 
-	conn, err := nftmodel.Dial(0)
+	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	hc := proxier.NewHealthChecks(log, health, proxier.HealthCheckOptions{Configs: cfgs,
 		LocalAddrs: conntrack.InterfaceAddrs, BindFailures: metrics.HealthCheckBindFailures})
 	defer hc.Close()
@@ -115,7 +118,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
 	// Other programs' changes to our tables are repaired at once, not at
 	// the next --sync-period; without notifications only the period does it.
-	watcher, err := nftmodel.NewWatcher(0)
+	watcher, err := nftnl.NewWatcher(0)
 	if err != nil {
 		log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
 	} else {

@@ -22,7 +22,7 @@ func ExampleBuildTopology() {
 			log.Fatal(err)
 		}
 	}
-	// Rules for the node go through topo.Node.NFT() or topo.Node.Exec("nft", ...).
+	// Rules for the node go through nftnl.Dial(topo.Node.Fd()) or topo.Node.Exec("nft", ...).
 	name, err := topo.Client.AskTCP(context.Background(), netip.AddrPortFrom(topo.Pods[1].Addr6, 8080))
 	if err != nil {
 		log.Fatal(err)

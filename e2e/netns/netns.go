@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 )
 
@@ -159,16 +158,6 @@ func (n *NS) IPBatch(cmds ...string) error {
 		return fmt.Errorf("run ip batch in %s: %w: %s", n.name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// NFT opens an nftables connection bound to this namespace. The caller owns
-// the connection; the namespace fd stays open until Close.
-func (n *NS) NFT() (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(n.fd))
-	if err != nil {
-		return nil, fmt.Errorf("open nftables conn in %s: %w", n.name, err)
-	}
-	return c, nil
 }
 
 // Sysctl writes a sysctl such as "net/ipv4/ip_forward" inside the namespace.

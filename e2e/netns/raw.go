@@ -71,31 +71,72 @@ func (n *NS) ProbeTCP(ctx context.Context, f RawFrame) (uint8, error) {
 // rawExchange sends f's frame and hands every IPv4 packet from f.Dst to f.Src
 // that arrives on f.Dev to match until match returns true or ctx ends.
 func (n *NS) rawExchange(ctx context.Context, f RawFrame, match func(ip []byte) bool) error {
-	if !f.Src.Is4() || !f.Dst.Is4() {
-		return errors.New("raw probe: IPv4 addresses only")
+	fd, err := n.sendRaw(f)
+	if err != nil {
+		return err
 	}
+	defer unix.Close(fd)
+	return receiveIPv4(ctx, fd, f.Dev, func(ip []byte) bool {
+		return netip.AddrFrom4([4]byte(ip[12:16])) == f.Dst && netip.AddrFrom4([4]byte(ip[16:20])) == f.Src && match(ip)
+	})
+}
+
+// SendRaw sends f's frame without waiting for an answer; f.Payload is the
+// whole layer 4 packet unless f.Proto is TCP.
+func (n *NS) SendRaw(f RawFrame) error {
+	fd, err := n.sendRaw(f)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// sendRaw sends f's frame from a packet socket bound to f.Dev and returns
+// the socket, which receives the IPv4 packets of f.Dev from then on.
+func (n *NS) sendRaw(f RawFrame) (int, error) {
+	if !f.Src.Is4() || !f.Dst.Is4() {
+		return -1, errors.New("raw probe: IPv4 addresses only")
+	}
+	fd, ifi, err := n.packetSocket(f.Dev)
+	if err != nil {
+		return -1, err
+	}
+	frame := append(append(append([]byte{}, f.DstMAC...), ifi.HardwareAddr...), 0x08, 0x00)
+	frame = append(frame, ipv4Packet(f)...)
+	if err := unix.Send(fd, frame, 0); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("send raw frame on %s: %w", f.Dev, err)
+	}
+	return fd, nil
+}
+
+// packetSocket opens an AF_PACKET socket of the namespace bound to dev,
+// receiving IPv4.
+func (n *NS) packetSocket(dev string) (int, *net.Interface, error) {
 	var fd int
 	var ifi *net.Interface
 	err := n.Do(func() error {
 		var err error
-		if ifi, err = net.InterfaceByName(f.Dev); err != nil {
+		if ifi, err = net.InterfaceByName(dev); err != nil {
 			return err
 		}
 		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("open packet socket in %s: %w", n.name, err)
+		return -1, nil, fmt.Errorf("open packet socket in %s: %w", n.name, err)
 	}
-	defer unix.Close(fd)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifi.Index}); err != nil {
-		return fmt.Errorf("bind packet socket to %s: %w", f.Dev, err)
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("bind packet socket to %s: %w", dev, err)
 	}
-	frame := append(append(append([]byte{}, f.DstMAC...), ifi.HardwareAddr...), 0x08, 0x00)
-	frame = append(frame, ipv4Packet(f)...)
-	if err := unix.Send(fd, frame, 0); err != nil {
-		return fmt.Errorf("send raw frame on %s: %w", f.Dev, err)
-	}
+	return fd, ifi, nil
+}
+
+// receiveIPv4 hands every IPv4 packet the packet socket fd receives from
+// outside (not its own sending) to match, until match returns true (nil) or
+// ctx ends (nil too: nothing matched).
+func receiveIPv4(ctx context.Context, fd int, dev string, match func(ip []byte) bool) error {
 	buf := make([]byte, 65536)
 	for {
 		left := time.Until(deadline(ctx))
@@ -111,13 +152,13 @@ func (n *NS) rawExchange(ctx context.Context, f RawFrame, match func(ip []byte) 
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("receive on %s: %w", f.Dev, err)
+			return fmt.Errorf("receive on %s: %w", dev, err)
 		}
 		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
 			continue // our own frame
 		}
 		ip := buf[14:nr]
-		if len(ip) < 20 || ip[0]>>4 != 4 || netip.AddrFrom4([4]byte(ip[12:16])) != f.Dst || netip.AddrFrom4([4]byte(ip[16:20])) != f.Src {
+		if len(ip) < 20 || ip[0]>>4 != 4 || int(ip[0]&0x0f)*4 > len(ip) {
 			continue
 		}
 		if match(ip) {

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	m "github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // Kind is a kind of fault.
@@ -76,9 +76,9 @@ type Injector struct {
 }
 
 // Wrap makes every batch of conn go through a new Injector.
-func Wrap(conn *m.Conn) *Injector {
+func Wrap(conn *nftnl.Conn) *Injector {
 	in := &Injector{}
-	conn.WrapBatches(func(s m.BatchSocket) m.BatchSocket { return &socket{BatchSocket: s, in: in} })
+	conn.WrapBatches(func(s nftnl.BatchSocket) nftnl.BatchSocket { return &socket{BatchSocket: s, in: in} })
 	return in
 }
 
@@ -119,7 +119,7 @@ func (in *Injector) take(types []uint16) (Fault, bool) {
 }
 
 type socket struct {
-	m.BatchSocket
+	nftnl.BatchSocket
 	in *Injector
 	// receive fault of the batch in flight
 	lose    unix.Errno

@@ -10,11 +10,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
 	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
-	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
 // Backend is one family's iptables of one kind, with the tools kube-proxy
@@ -39,7 +38,7 @@ var Backends = []Backend{
 // whether the kernel has any of its tables here (running its tools
 // otherwise would load its modules and make tables); for the nft backend,
 // whether its nat, filter or mangle table has a chain of kube-proxy's name.
-func (b Backend) mayHoldChains(conn *nftables.Conn) (bool, error) {
+func (b Backend) mayHoldChains(conn *nftnl.Conn) (bool, error) {
 	if b.Legacy {
 		file := "/proc/thread-self/net/ip_tables_names"
 		if b.Family == nftmodel.IPv6 {
@@ -54,16 +53,12 @@ func (b Backend) mayHoldChains(conn *nftables.Conn) (bool, error) {
 		}
 		return len(bytes.TrimSpace(data)) > 0, nil
 	}
-	family := nftables.TableFamilyIPv4
-	if b.Family == nftmodel.IPv6 {
-		family = nftables.TableFamilyIPv6
-	}
-	cs, err := conn.ListChainsOfTableFamily(family)
+	cs, err := conn.Chains(b.Family)
 	if err != nil {
-		return false, fmt.Errorf("list %s chains: %w", b.Family, err)
+		return false, err
 	}
 	for _, c := range cs {
-		if slices.Contains(tables, c.Table.Name) && IsChain(c.Name) {
+		if slices.Contains(tables, c.Table) && IsChain(c.Chain) {
 			return true, nil
 		}
 	}
@@ -75,7 +70,7 @@ func (b Backend) mayHoldChains(conn *nftables.Conn) (bool, error) {
 // removed ("backend: table/chain"). A backend without kube-proxy's chains
 // is left alone; one whose tools are missing while it may hold them is an
 // error, after the others were cleaned.
-func CleanupIPTables(ctx context.Context, conn *nftables.Conn, log *zap.Logger) ([]string, error) {
+func CleanupIPTables(ctx context.Context, conn *nftnl.Conn, log *zap.Logger) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, b := range Backends {
@@ -125,9 +120,9 @@ func (b Backend) cleanup(ctx context.Context) ([]string, error) {
 }
 
 // DeleteTables deletes kube-proxy's nftables tables, if they exist.
-func DeleteTables(conn *nftmodel.Conn) error {
+func DeleteTables(conn *nftnl.Conn) error {
 	for _, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
-		if err := nftmodel.Delete(conn, f, TableName); err != nil {
+		if err := nftnl.Delete(conn, f, TableName); err != nil {
 			return fmt.Errorf("delete kube-proxy's table: %w", err)
 		}
 	}
@@ -138,9 +133,9 @@ func DeleteTables(conn *nftmodel.Conn) error {
 // first full apply of each family deletes kube-proxy's table of that family
 // in the same batch, and once every family has been applied, IPTables
 // removes kube-proxy's iptables chains (retried at the next full sync when
-// it fails). The rest is the NetlinkKernel's.
+// it fails). The rest is the nftnl.Kernel's.
 type Replacer struct {
-	proxier.NetlinkKernel
+	nftnl.Kernel
 	Families int // how many families the proxier applies
 	IPTables func() error
 	Logger   *zap.Logger
@@ -151,13 +146,13 @@ type Replacer struct {
 
 func (r *Replacer) Apply(rs *nftmodel.Ruleset) (nftmodel.Stats, error) {
 	if r.replaced[rs.Family] {
-		stats, err := r.NetlinkKernel.Apply(rs)
+		stats, err := r.Kernel.Apply(rs)
 		if err == nil {
 			r.afterSync()
 		}
 		return stats, err
 	}
-	stats, err := nftmodel.ApplyReplacing(r.Conn, rs, TableName)
+	stats, err := nftnl.ApplyReplacing(r.Conn, rs, TableName)
 	if err != nil {
 		return stats, err
 	}

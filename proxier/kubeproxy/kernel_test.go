@@ -13,6 +13,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/nftmodel"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -168,26 +169,21 @@ func TestCleanupInNamespace(t *testing.T) {
 			before4 := iptablesSave(t, ns, "iptables-"+backend+"-save")
 			before6 := iptablesSave(t, ns, "ip6tables-"+backend+"-save")
 
-			lib, err := ns.NFT()
+			conn, err := nftnl.Dial(ns.Fd())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer func() { _ = lib.CloseLasting() }()
+			defer func() { _ = conn.Close() }()
 			var removed []string
 			err = ns.Do(func() error {
 				// Children inherit the locked thread's namespace.
 				var err error
-				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
+				removed, err = CleanupIPTables(context.Background(), conn, zaptest.NewLogger(t))
 				return err
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn, err := nftmodel.Dial(ns.Fd())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = conn.CloseLasting() }()
 			if err := DeleteTables(conn); err != nil {
 				t.Fatal(err)
 			}
@@ -225,7 +221,7 @@ func TestCleanupInNamespace(t *testing.T) {
 			// legacy one finds nothing.
 			err = ns.Do(func() error {
 				var err error
-				removed, err = CleanupIPTables(context.Background(), lib, zaptest.NewLogger(t))
+				removed, err = CleanupIPTables(context.Background(), conn, zaptest.NewLogger(t))
 				return err
 			})
 			if err != nil || len(removed) != 0 {
@@ -242,13 +238,13 @@ func TestCleanupInNamespace(t *testing.T) {
 func TestReplacerOneTransaction(t *testing.T) {
 	ns := netns.New(t, "kpr")
 	restore(t, ns, "nft", otherTables)
-	conn, err := nftmodel.Dial(ns.Fd())
+	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	var calls []string
-	r := &Replacer{NetlinkKernel: proxier.NetlinkKernel{Conn: conn}, Families: 2, Logger: zaptest.NewLogger(t),
+	r := &Replacer{Kernel: nftnl.Kernel{Conn: conn}, Families: 2, Logger: zaptest.NewLogger(t),
 		IPTables: func() error { calls = append(calls, "iptables"); return nil }}
 	for i, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
 		before, err := r.Generation()

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -7,14 +7,16 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // CounterPackets sums the packets that the counters in a chain's rules
 // counted since those rules were written: what a metric of a rule's drops
 // reads. A missing table or chain counts nothing.
-func CounterPackets(conn *Conn, family Family, table, chain string) (uint64, error) {
+func CounterPackets(conn *Conn, family nftmodel.Family, table, chain string) (uint64, error) {
 	t := &nftables.Table{Name: table, Family: libFamily(family)}
-	rules, err := conn.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+	rules, err := conn.lib.GetRules(t, &nftables.Chain{Name: chain, Table: t})
 	if errors.Is(err, unix.ENOENT) {
 		return 0, nil
 	}
@@ -30,4 +32,9 @@ func CounterPackets(conn *Conn, family Family, table, chain string) (uint64, err
 		}
 	}
 	return n, nil
+}
+
+// CounterPackets reads a chain's rule counters (proxier.CounterReader).
+func (k Kernel) CounterPackets(f nftmodel.Family, table, chain string) (uint64, error) {
+	return CounterPackets(k.Conn, f, table, chain)
 }

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -7,14 +7,16 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // setUserData dumps the table's sets over netlink and returns each set's
 // NFTA_SET_USERDATA as the kernel stores it: google/nftables reads only the
 // parts it knows (comment, merge, data interval) and drops the rest, where a
 // set declared with typeof keeps its expressions.
-func setUserData(conn *Conn, f Family, table string) (map[string][]byte, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: conn.NetNS})
+func setUserData(conn *Conn, f nftmodel.Family, table string) (map[string][]byte, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: conn.lib.NetNS})
 	if err != nil {
 		return nil, fmt.Errorf("dial netfilter socket: %w", err)
 	}
@@ -60,14 +62,14 @@ func setUserData(conn *Conn, f Family, table string) (map[string][]byte, error) 
 }
 
 // readTypeof parses the expressions of a set declared with typeof from its
-// user data (see netlink_typeof.go), nil when it was declared by types. The
+// user data (see typeof.go), nil when it was declared by types. The
 // caller writes the user data again from the result and compares.
-func readTypeof(f Family, ud []byte) (*Typeof, error) {
+func readTypeof(f nftmodel.Family, ud []byte) (*nftmodel.Typeof, error) {
 	key := userdata.Get(ud, userdata.NFTNL_UDATA_SET_KEY_TYPEOF)
 	if key == nil {
 		return nil, nil
 	}
-	t := &Typeof{}
+	t := &nftmodel.Typeof{}
 	parts, err := readConcat(f, key)
 	if err != nil {
 		return nil, fmt.Errorf("typeof key: %w", err)
@@ -98,7 +100,7 @@ func readTypeof(f Family, ud []byte) (*Typeof, error) {
 
 // readConcat parses { 0: expression type, 1: { data } } where the type is a
 // concatenation, into its parts.
-func readConcat(f Family, b []byte) ([]typeofPart, error) {
+func readConcat(f nftmodel.Family, b []byte) ([]typeofPart, error) {
 	if typ, ok := userdata.GetUint32(b, 0); !ok || typ != exprTypeConcat {
 		return nil, errors.New("not a concatenation")
 	}
@@ -123,7 +125,7 @@ func readConcat(f Family, b []byte) ([]typeofPart, error) {
 
 // readTypeofPart parses one expression: a payload field, meta l4proto, or
 // numgen random.
-func readTypeofPart(f Family, b []byte) (typeofPart, error) {
+func readTypeofPart(f nftmodel.Family, b []byte) (typeofPart, error) {
 	typ, _ := userdata.GetUint32(b, 0)
 	data := userdata.Get(b, 1)
 	u32 := func(t userdata.Type) uint32 { v, _ := userdata.GetUint32(data, t); return v }
@@ -135,17 +137,17 @@ func readTypeofPart(f Family, b []byte) (typeofPart, error) {
 		return typeofPart{numgen: u32(1)}, nil
 	case exprTypeMeta:
 		if u32(0) == metaL4Proto {
-			return typeofPart{field: FieldL4Proto}, nil
+			return typeofPart{field: nftmodel.FieldL4Proto}, nil
 		}
 	case exprTypePayload:
 		desc, hdr := u32(0), u32(1)
 		switch {
 		case desc == protoDescTH && hdr == thDport:
-			return typeofPart{field: FieldTHDport}, nil
-		case f == IPv4 && desc == protoDescIP && hdr == ipSaddr, f == IPv6 && desc == protoDescIP6 && hdr == ip6Saddr:
-			return typeofPart{field: FieldSaddr}, nil
-		case f == IPv4 && desc == protoDescIP && hdr == ipDaddr, f == IPv6 && desc == protoDescIP6 && hdr == ip6Daddr:
-			return typeofPart{field: FieldDaddr}, nil
+			return typeofPart{field: nftmodel.FieldTHDport}, nil
+		case f == nftmodel.IPv4 && desc == protoDescIP && hdr == ipSaddr, f == nftmodel.IPv6 && desc == protoDescIP6 && hdr == ip6Saddr:
+			return typeofPart{field: nftmodel.FieldSaddr}, nil
+		case f == nftmodel.IPv4 && desc == protoDescIP && hdr == ipDaddr, f == nftmodel.IPv6 && desc == protoDescIP6 && hdr == ip6Daddr:
+			return typeofPart{field: nftmodel.FieldDaddr}, nil
 		}
 	}
 	return typeofPart{}, fmt.Errorf("expression type %d %x is not in the model", typ, data)

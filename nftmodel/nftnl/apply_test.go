@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"encoding/binary"
@@ -11,6 +11,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/mdlayher/netlink/nltest"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // What the recorder answers to the reads of a full Apply, encoded the way
@@ -31,7 +33,7 @@ func nftMsg(t *testing.T, typ int, family uint8, seq uint32, attrs []netlink.Att
 }
 
 // setMessage describes s in table as the kernel does in a NEWSET message.
-func setMessage(t *testing.T, table string, s *Set, seq uint32) netlink.Message {
+func setMessage(t *testing.T, table string, s *nftmodel.Set, seq uint32) netlink.Message {
 	t.Helper()
 	ls, err := libSet(&nftables.Table{Name: table}, s)
 	if err != nil {
@@ -67,7 +69,7 @@ func setMessage(t *testing.T, table string, s *Set, seq uint32) netlink.Message 
 }
 
 // chainMessage describes c in table as the kernel does in a NEWCHAIN message.
-func chainMessage(t *testing.T, table string, c *Chain, seq uint32) netlink.Message {
+func chainMessage(t *testing.T, table string, c *nftmodel.Chain, seq uint32) netlink.Message {
 	t.Helper()
 	attrs := []netlink.Attribute{
 		{Type: unix.NFTA_CHAIN_TABLE, Data: []byte(table + "\x00")},
@@ -133,7 +135,7 @@ func (r *recorder) setsDump(req netlink.Message) ([]netlink.Message, error) {
 func (r *recorder) chainsDump(req netlink.Message) ([]netlink.Message, error) {
 	var msgs []netlink.Message
 	// Another table's chain of the same name, which Apply must ignore.
-	msgs = append(msgs, chainMessage(r.t, "other", &Chain{Name: "svc"}, req.Header.Sequence))
+	msgs = append(msgs, chainMessage(r.t, "other", &nftmodel.Chain{Name: "svc"}, req.Header.Sequence))
 	if r.table != nil {
 		for _, c := range r.table.Chains {
 			msgs = append(msgs, chainMessage(r.t, r.table.Table, c, req.Header.Sequence))
@@ -175,12 +177,19 @@ func describe(t *testing.T, m netlink.Message) string {
 // batchGenID returns the generation a batch begin message carries, 0 if none.
 func batchGenID(t *testing.T, begin netlink.Message) uint32 {
 	t.Helper()
-	attrs, err := netlink.UnmarshalAttributes(begin.Data[4:])
+	return u32Attr(t, begin, unix.NFNL_BATCH_GENID)
+}
+
+// u32Attr returns the big-endian 32-bit attribute typ of an nfnetlink
+// message, 0 if it has none.
+func u32Attr(t *testing.T, m netlink.Message, typ uint16) uint32 {
+	t.Helper()
+	attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range attrs {
-		if a.Type == unix.NFNL_BATCH_GENID {
+		if a.Type == typ {
 			return binary.BigEndian.Uint32(a.Data)
 		}
 	}
@@ -190,30 +199,30 @@ func batchGenID(t *testing.T, begin netlink.Message) uint32 {
 // TestApplyReconciles checks the batch a full Apply sends into a table that
 // exists: what stays is emptied, not recreated; what differs goes first.
 func TestApplyReconciles(t *testing.T) {
-	vmap := func(name string, chains ...string) *Set {
-		s := &Set{Name: name, Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict}}
+	vmap := func(name string, chains ...string) *nftmodel.Set {
+		s := &nftmodel.Set{Name: name, Key: []nftmodel.DataType{nftmodel.TypeInetService}, Data: []nftmodel.DataType{nftmodel.TypeVerdict}}
 		for i, c := range chains {
-			s.Elements = append(s.Elements, Element{Key: []Value{N(uint32(80 + i))}, Verdict: nlGoto(c)})
+			s.Elements = append(s.Elements, nftmodel.Element{Key: []nftmodel.Value{nftmodel.N(uint32(80 + i))}, Verdict: nlGoto(c)})
 		}
 		return s
 	}
-	affinity := func(timeout time.Duration) *Set {
-		return &Set{Name: "affinity", Key: []DataType{TypeIPv4Addr}, Timeout: timeout}
+	affinity := func(timeout time.Duration) *nftmodel.Set {
+		return &nftmodel.Set{Name: "affinity", Key: []nftmodel.DataType{nftmodel.TypeIPv4Addr}, Timeout: timeout}
 	}
-	pre := func(prio int32) *Chain {
-		return nlBase("pre", TypeNAT, HookPrerouting, prio, nlRule(VerdictMap{Key: []Field{FieldTHDport}, Map: "ports"}))
+	pre := func(prio int32) *nftmodel.Chain {
+		return nlBase("pre", nftmodel.TypeNAT, nftmodel.HookPrerouting, prio, nlRule(nftmodel.VerdictMap{Key: []nftmodel.Field{nftmodel.FieldTHDport}, Map: "ports"}))
 	}
-	svc := &Chain{Name: "svc", Rules: []Rule{nlRule(UpdateSet{Key: []Field{FieldSaddr}, Set: "affinity"}), nlRule(Verdict{Kind: Accept})}}
-	desired := &Ruleset{Family: IPv4, Table: "t",
-		Sets:   []*Set{vmap("ports", "svc"), affinity(time.Hour)},
-		Chains: []*Chain{pre(-100), svc},
+	svc := &nftmodel.Chain{Name: "svc", Rules: []nftmodel.Rule{nlRule(nftmodel.UpdateSet{Key: []nftmodel.Field{nftmodel.FieldSaddr}, Set: "affinity"}), nlRule(nftmodel.Verdict{Kind: nftmodel.Accept})}}
+	desired := &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t",
+		Sets:   []*nftmodel.Set{vmap("ports", "svc"), affinity(time.Hour)},
+		Chains: []*nftmodel.Chain{pre(-100), svc},
 	}
 	tests := []struct {
 		name      string
-		kernel    *Ruleset
+		kernel    *nftmodel.Ruleset
 		flags     nftables.TableFlags
 		want      []string
-		wantStats Stats
+		wantStats nftmodel.Stats
 	}{
 		{
 			name:   "table as desired: chains and affinity kept, other sets flushed and refilled",
@@ -224,17 +233,17 @@ func TestApplyReconciles(t *testing.T) {
 				"NEWSETELEM ports",
 				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
 				"END"},
-			wantStats: Stats{Messages: 9, Elements: 1, Rules: 3, Sets: 1},
+			wantStats: nftmodel.Stats{Messages: 9, Elements: 1, Rules: 3, Sets: 1},
 		},
 		{
 			name: "everything differs: stale and changed objects deleted, then added",
-			kernel: &Ruleset{Family: IPv4, Table: "t",
-				Sets: []*Set{
+			kernel: &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t",
+				Sets: []*nftmodel.Set{
 					affinity(2 * time.Hour),      // timeout changed
 					vmap("old-map", "old-chain"), // not desired; points at a chain that goes
-					{Name: "ports", Key: []DataType{TypeInetProto}, Data: []DataType{TypeVerdict}}, // key type changed
+					{Name: "ports", Key: []nftmodel.DataType{nftmodel.TypeInetProto}, Data: []nftmodel.DataType{nftmodel.TypeVerdict}}, // key type changed
 				},
-				Chains: []*Chain{{Name: "old-chain"}, pre(0), {Name: "svc", Base: &BaseChain{Type: TypeFilter, Hook: HookInput}}},
+				Chains: []*nftmodel.Chain{{Name: "old-chain"}, pre(0), {Name: "svc", Base: &nftmodel.BaseChain{Type: nftmodel.TypeFilter, Hook: nftmodel.HookInput}}},
 			},
 			want: []string{"BEGIN", "NEWTABLE",
 				"DELRULE",
@@ -245,7 +254,7 @@ func TestApplyReconciles(t *testing.T) {
 				"NEWSETELEM ports",
 				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
 				"END"},
-			wantStats: Stats{Messages: 18, Elements: 1, Rules: 3, Chains: 5, Sets: 5},
+			wantStats: nftmodel.Stats{Messages: 18, Elements: 1, Rules: 3, Chains: 5, Sets: 5},
 		},
 		{
 			name:   "dormant table: recreated",
@@ -257,18 +266,18 @@ func TestApplyReconciles(t *testing.T) {
 				"NEWSETELEM ports",
 				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
 				"END"},
-			wantStats: Stats{Messages: 13, Elements: 1, Rules: 3, Chains: 2, Sets: 2},
+			wantStats: nftmodel.Stats{Messages: 13, Elements: 1, Rules: 3, Chains: 2, Sets: 2},
 		},
 		{
 			name:   "empty table: no rule flush",
-			kernel: &Ruleset{Family: IPv4, Table: "t"},
+			kernel: &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t"},
 			want: []string{"BEGIN", "NEWTABLE",
 				"NEWSET ports", "NEWSET affinity",
 				"NEWCHAIN pre", "NEWCHAIN svc",
 				"NEWSETELEM ports",
 				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
 				"END"},
-			wantStats: Stats{Messages: 11, Elements: 1, Rules: 3, Chains: 2, Sets: 2},
+			wantStats: nftmodel.Stats{Messages: 11, Elements: 1, Rules: 3, Chains: 2, Sets: 2},
 		},
 	}
 	for _, tt := range tests {
@@ -320,11 +329,7 @@ func TestApplyRetriesStaleGeneration(t *testing.T) {
 		}
 		return nil, fmt.Errorf("unexpected request %s", msgType(req[0]))
 	}
-	conn, err := nftables.New(nftables.WithTestDial(dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Apply(NewConn(conn), &Ruleset{Family: IPv4, Table: "t"}); err != nil {
+	if _, err := Apply(dialConn(t, dial), &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	if d := gocmp.Diff([]uint32{10, 11, 0}, gens); d != "" {

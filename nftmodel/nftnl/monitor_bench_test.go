@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // BenchmarkApplyWatched prints what a listener on the nftables group costs
@@ -19,7 +20,7 @@ func BenchmarkApplyWatched(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	rs := bigSetRuleset(100_000)
 	for _, name := range []string{"unwatched", "watched", "paused"} {
 		watched, paused := name != "unwatched", name == "paused"
@@ -34,7 +35,7 @@ func BenchmarkApplyWatched(b *testing.B) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					_ = w.Run(ctx, func(es []Event) {
+					_ = w.Run(ctx, func(es []nftmodel.Event) {
 						for _, e := range es {
 							if e.Lost {
 								lost.Add(1)

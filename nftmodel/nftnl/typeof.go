@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // A set declared with `typeof` carries the declaring expressions in its user
@@ -73,11 +75,11 @@ func (u udata) nest(typ byte, inner func(udata) (udata, error)) (udata, error) {
 
 // typeofPart is one expression of a typeof key or value.
 type typeofPart struct {
-	field  Field
+	field  nftmodel.Field
 	numgen uint32 // > 0: numgen random mod numgen instead of field
 }
 
-func typeofParts(fields []Field, numgen uint32) []typeofPart {
+func typeofParts(fields []nftmodel.Field, numgen uint32) []typeofPart {
 	parts := make([]typeofPart, 0, len(fields)+1)
 	for _, f := range fields {
 		parts = append(parts, typeofPart{field: f})
@@ -89,42 +91,42 @@ func typeofParts(fields []Field, numgen uint32) []typeofPart {
 }
 
 // dataType is the type of the value a part produces.
-func (p typeofPart) dataType(f Family) DataType {
+func (p typeofPart) dataType(f nftmodel.Family) nftmodel.DataType {
 	switch {
 	case p.numgen > 0:
-		return TypeInteger
-	case p.field == FieldL4Proto:
-		return TypeInetProto
-	case p.field == FieldTHDport:
-		return TypeInetService
-	case f == IPv6:
-		return TypeIPv6Addr
+		return nftmodel.TypeInteger
+	case p.field == nftmodel.FieldL4Proto:
+		return nftmodel.TypeInetProto
+	case p.field == nftmodel.FieldTHDport:
+		return nftmodel.TypeInetService
+	case f == nftmodel.IPv6:
+		return nftmodel.TypeIPv6Addr
 	}
-	return TypeIPv4Addr
+	return nftmodel.TypeIPv4Addr
 }
 
 // appendExpr appends one part's expression type and data.
-func (p typeofPart) appendExpr(f Family, u udata) (udata, error) {
+func (p typeofPart) appendExpr(f nftmodel.Family, u udata) (udata, error) {
 	switch {
 	case p.numgen > 0:
 		u = u.u32(0, exprTypeNumgen)
 		return u.nest(1, func(u udata) (udata, error) {
 			return u.u32(0, numgenRandom).u32(1, p.numgen).u32(2, 0), nil // type, modulus, offset
 		})
-	case p.field == FieldL4Proto:
+	case p.field == nftmodel.FieldL4Proto:
 		u = u.u32(0, exprTypeMeta)
 		return u.nest(1, func(u udata) (udata, error) { return u.u32(0, metaL4Proto), nil })
 	}
 	desc, hdr := uint32(protoDescTH), uint32(thDport)
 	switch {
-	case p.field == FieldTHDport:
-	case f == IPv4 && p.field == FieldSaddr:
+	case p.field == nftmodel.FieldTHDport:
+	case f == nftmodel.IPv4 && p.field == nftmodel.FieldSaddr:
 		desc, hdr = protoDescIP, ipSaddr
-	case f == IPv4 && p.field == FieldDaddr:
+	case f == nftmodel.IPv4 && p.field == nftmodel.FieldDaddr:
 		desc, hdr = protoDescIP, ipDaddr
-	case p.field == FieldSaddr:
+	case p.field == nftmodel.FieldSaddr:
 		desc, hdr = protoDescIP6, ip6Saddr
-	case p.field == FieldDaddr:
+	case p.field == nftmodel.FieldDaddr:
 		desc, hdr = protoDescIP6, ip6Daddr
 	default:
 		return nil, fmt.Errorf("no typeof expression for field %d", p.field)
@@ -134,7 +136,7 @@ func (p typeofPart) appendExpr(f Family, u udata) (udata, error) {
 }
 
 // appendConcat appends a concatenation's expression type and data.
-func appendConcat(f Family, u udata, parts []typeofPart) (udata, error) {
+func appendConcat(f nftmodel.Family, u udata, parts []typeofPart) (udata, error) {
 	u = u.u32(0, exprTypeConcat)
 	return u.nest(1, func(u udata) (udata, error) {
 		var err error
@@ -150,15 +152,15 @@ func appendConcat(f Family, u udata, parts []typeofPart) (udata, error) {
 // typeofUserData returns the user data nft writes for a set declared with
 // t, after checking that t gives the set's types. Only concatenations are
 // supported: that is what nftproxy declares this way.
-func typeofUserData(f Family, s *Set) ([]byte, error) {
+func typeofUserData(f nftmodel.Family, s *nftmodel.Set) ([]byte, error) {
 	t := s.Typeof
 	key := typeofParts(t.Key, t.KeyNumgen)
 	data := typeofParts(t.Data, 0)
 	if len(key) < 2 || len(s.Data) > 0 && len(data) < 2 {
 		return nil, errors.New("typeof: only concatenations are supported")
 	}
-	types := func(parts []typeofPart) []DataType {
-		out := make([]DataType, len(parts))
+	types := func(parts []typeofPart) []nftmodel.DataType {
+		out := make([]nftmodel.DataType, len(parts))
 		for i, p := range parts {
 			out[i] = p.dataType(f)
 		}
@@ -166,7 +168,7 @@ func typeofUserData(f Family, s *Set) ([]byte, error) {
 	}
 	if !slices.Equal(types(key), s.Key) || !slices.Equal(types(data), s.Data) {
 		return nil, fmt.Errorf("typeof gives %s : %s, the set is declared %s : %s",
-			typeNames(types(key)), typeNames(types(data)), typeNames(s.Key), typeNames(s.Data))
+			nftmodel.RenderTypes(types(key)), nftmodel.RenderTypes(types(data)), nftmodel.RenderTypes(s.Key), nftmodel.RenderTypes(s.Data))
 	}
 	u := udata(nil).u32(byte(userdata.NFTNL_UDATA_SET_KEYBYTEORDER), byteorderNone)
 	if len(data) > 0 {

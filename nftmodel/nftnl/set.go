@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // nft declares a set with a timeout as `size 65535` and `flags dynamic,timeout`
@@ -24,19 +26,19 @@ const (
 	libElemBatchSize = 1<<16 - 1 - 1024
 )
 
-func libType(t DataType) (nftables.SetDatatype, error) {
+func libType(t nftmodel.DataType) (nftables.SetDatatype, error) {
 	switch t {
-	case TypeIPv4Addr:
+	case nftmodel.TypeIPv4Addr:
 		return nftables.TypeIPAddr, nil
-	case TypeIPv6Addr:
+	case nftmodel.TypeIPv6Addr:
 		return nftables.TypeIP6Addr, nil
-	case TypeInetProto:
+	case nftmodel.TypeInetProto:
 		return nftables.TypeInetProto, nil
-	case TypeInetService:
+	case nftmodel.TypeInetService:
 		return nftables.TypeInetService, nil
-	case TypeVerdict:
+	case nftmodel.TypeVerdict:
 		return nftables.TypeVerdict, nil
-	case TypeInteger:
+	case nftmodel.TypeInteger:
 		return nftables.TypeInteger, nil
 	}
 	return nftables.SetDatatype{}, fmt.Errorf("unknown data type %d", t)
@@ -44,7 +46,7 @@ func libType(t DataType) (nftables.SetDatatype, error) {
 
 // libTypes returns the library type of a key or value: the type itself or
 // the concatenation of the parts.
-func libTypes(ts []DataType) (nftables.SetDatatype, error) {
+func libTypes(ts []nftmodel.DataType) (nftables.SetDatatype, error) {
 	if len(ts) == 0 {
 		return nftables.SetDatatype{}, errors.New("no data type")
 	}
@@ -65,12 +67,12 @@ func libTypes(ts []DataType) (nftables.SetDatatype, error) {
 // libSet returns the library's description of a named set, as nft 1.0.6
 // declares it: no concatenation flag (nft sets that only on interval sets)
 // and a big-endian key byte order for single-type keys.
-func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
+func libSet(t *nftables.Table, s *nftmodel.Set) (*nftables.Set, error) {
 	key, err := libTypes(s.Key)
 	if err != nil {
 		return nil, fmt.Errorf("declare set %s: %w", s.Name, err)
 	}
-	if s.Typeof == nil && (slices.Contains(s.Key, TypeInteger) || slices.Contains(s.Data, TypeInteger)) {
+	if s.Typeof == nil && (slices.Contains(s.Key, nftmodel.TypeInteger) || slices.Contains(s.Data, nftmodel.TypeInteger)) {
 		return nil, fmt.Errorf("declare set %s: an integer part needs a typeof declaration", s.Name)
 	}
 	ls := &nftables.Set{Table: t, Name: s.Name, KeyType: key}
@@ -97,69 +99,46 @@ func libSet(t *nftables.Table, s *Set) (*nftables.Set, error) {
 // elementEncoder checks and sizes a set's model elements for the wire (see
 // wire.elements), from the set's types alone.
 type elementEncoder struct {
-	key, data        []DataType // data nil for deletions and plain sets
+	key, data        []nftmodel.DataType // data nil for deletions and plain sets
 	verdicts         bool
 	keyLen, valueLen int // encoded sizes, fixed by the types
 }
 
-func newElementEncoder(key, data []DataType, verdicts bool) *elementEncoder {
-	enc := &elementEncoder{key: key, data: data, verdicts: verdicts, keyLen: encodedLen(key)}
+func newElementEncoder(key, data []nftmodel.DataType, verdicts bool) *elementEncoder {
+	enc := &elementEncoder{key: key, data: data, verdicts: verdicts, keyLen: nftmodel.KeyLen(key)}
 	if !verdicts {
-		enc.valueLen = encodedLen(data)
+		enc.valueLen = nftmodel.KeyLen(data)
 	}
 	return enc
 }
 
-// encodedLen is the length KeyBytes gives values of the types.
-func encodedLen(ts []DataType) int {
-	n := 0
-	for _, t := range ts {
-		switch t {
-		case TypeIPv4Addr:
-			n += 4
-		case TypeIPv6Addr:
-			n += 16
-		case TypeInetProto:
-			n++
-		case TypeInetService:
-			n += 2
-		case TypeInteger:
-			n += 4
-		}
-		if len(ts) > 1 {
-			n = (n + 3) &^ 3
-		}
-	}
-	return n
-}
-
 // check finds what the wire encoding can't carry, or nft could not list.
-func (enc *elementEncoder) check(e *Element) error {
+func (enc *elementEncoder) check(e *nftmodel.Element) error {
 	if err := checkValues(enc.key, e.Key); err != nil {
 		return fmt.Errorf("encode element key: %w", err)
 	}
 	if len(e.Comment) > maxCommentLen {
-		return fmt.Errorf("encode element %s: comment longer than %d bytes", renderValues(enc.key, e.Key), maxCommentLen)
+		return fmt.Errorf("encode element %s: comment longer than %d bytes", nftmodel.RenderValues(enc.key, e.Key), maxCommentLen)
 	}
 	switch {
 	case enc.verdicts:
 		if e.Verdict == nil {
-			return fmt.Errorf("encode element %s: verdict map element without verdict", renderValues(enc.key, e.Key))
+			return fmt.Errorf("encode element %s: verdict map element without verdict", nftmodel.RenderValues(enc.key, e.Key))
 		}
 	case len(enc.data) > 0:
 		if err := checkValues(enc.data, e.Data); err != nil {
-			return fmt.Errorf("encode element %s: value: %w", renderValues(enc.key, e.Key), err)
+			return fmt.Errorf("encode element %s: value: %w", nftmodel.RenderValues(enc.key, e.Key), err)
 		}
 	}
 	return nil
 }
 
-func checkValues(ts []DataType, vs []Value) error {
+func checkValues(ts []nftmodel.DataType, vs []nftmodel.Value) error {
 	if len(vs) != len(ts) {
 		return fmt.Errorf("%d parts, the set's type has %d", len(vs), len(ts))
 	}
 	for i, t := range ts {
-		if t == TypeIPv4Addr && !vs[i].Addr.Is4() || t == TypeIPv6Addr && !vs[i].Addr.Is6() {
+		if t == nftmodel.TypeIPv4Addr && !vs[i].Addr.Is4() || t == nftmodel.TypeIPv6Addr && !vs[i].Addr.Is6() {
 			return fmt.Errorf("part %d: %v is not an address of type %v", i+1, vs[i].Addr, t)
 		}
 	}
@@ -167,11 +146,11 @@ func checkValues(ts []DataType, vs []Value) error {
 }
 
 // size is the encoded size of a checked element, from the set's types.
-func (enc *elementEncoder) size(e *Element) int {
+func (enc *elementEncoder) size(e *nftmodel.Element) int {
 	switch {
 	case enc.verdicts:
 		chain := ""
-		if e.Verdict.Kind == Jump || e.Verdict.Kind == Goto {
+		if e.Verdict.Kind == nftmodel.Jump || e.Verdict.Kind == nftmodel.Goto {
 			chain = e.Verdict.Chain
 		}
 		return encodedElementSize(enc.keyLen, 0, true, chain, e.Comment)
@@ -182,7 +161,7 @@ func (enc *elementEncoder) size(e *Element) int {
 }
 
 // chunks splits checked elements into runs that each fit one message.
-func (enc *elementEncoder) chunks(els []Element, maxCount, maxBytes int) [][]Element {
+func (enc *elementEncoder) chunks(els []nftmodel.Element, maxCount, maxBytes int) [][]nftmodel.Element {
 	return splitChunks(els, enc.size, maxCount, maxBytes)
 }
 

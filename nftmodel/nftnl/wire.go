@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"encoding/binary"
@@ -13,6 +13,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // A batch goes to the kernel as one buffer written here, not through
@@ -146,7 +148,7 @@ func (e *elementsStep) size(table string) int {
 
 // elements writes one message adding or deleting the checked elements of a
 // set, as google/nftables' SetAddElements and SetDeleteElements encode it.
-func (w *wire) elements(family Family, table string, e *elementsStep) {
+func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep) {
 	ls, enc, els := e.set, e.enc, e.els
 	typ := unix.NFT_MSG_DELSETELEM
 	if e.add {
@@ -166,7 +168,7 @@ func (w *wire) elements(family Family, table string, e *elementsStep) {
 	w.endMsg(start)
 }
 
-func (w *wire) element(index uint16, enc *elementEncoder, e *Element) {
+func (w *wire) element(index uint16, enc *elementEncoder, e *nftmodel.Element) {
 	item := w.beginAttr(index | unix.NLA_F_NESTED)
 	key := w.beginAttr(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
 	w.values(unix.NFTA_DATA_VALUE, enc.key, e.Key)
@@ -201,30 +203,30 @@ func (w *wire) element(index uint16, enc *elementEncoder, e *Element) {
 }
 
 // values writes an attribute holding KeyBytes(types, vals).
-func (w *wire) values(typ uint16, types []DataType, vals []Value) {
+func (w *wire) values(typ uint16, types []nftmodel.DataType, vals []nftmodel.Value) {
 	start := w.beginAttr(typ)
-	w.buf = appendValues(w.buf, types, vals)
+	w.buf = nftmodel.AppendKeyBytes(w.buf, types, vals)
 	w.endAttr(start)
 }
 
 // verdictCode is the kernel's code for a verdict, and the chain it names.
-func verdictCode(v Verdict) (expr.VerdictKind, string) {
+func verdictCode(v nftmodel.Verdict) (expr.VerdictKind, string) {
 	switch v.Kind {
-	case Accept:
+	case nftmodel.Accept:
 		return expr.VerdictAccept, ""
-	case Drop:
+	case nftmodel.Drop:
 		return expr.VerdictDrop, ""
-	case Return:
+	case nftmodel.Return:
 		return expr.VerdictReturn, ""
-	case Jump:
+	case nftmodel.Jump:
 		return expr.VerdictJump, v.Chain
 	default:
 		return expr.VerdictGoto, v.Chain
 	}
 }
 
-func libFamily(f Family) nftables.TableFamily {
-	if f == IPv6 {
+func libFamily(f nftmodel.Family) nftables.TableFamily {
+	if f == nftmodel.IPv6 {
 		return nftables.TableFamilyIPv6
 	}
 	return nftables.TableFamilyIPv4
@@ -240,13 +242,9 @@ type refusal struct {
 // sendBatch sends a written batch of msgs messages numbered from seq on
 // conn's batch socket and returns the first refusal in the kernel's replies,
 // if any. The kernel handles a batch while sendmsg runs, so every reply is
-// queued when it returns. conn's test dialer, when it has one, stands in for
-// the kernel. After any error the socket is dropped, so that replies left of
-// this batch can't reach the next one.
+// queued when it returns. After any error the socket is dropped, so that
+// replies left of this batch can't reach the next one.
 func sendBatch(conn *Conn, buf []byte, seq uint32, msgs int) (*refusal, error) {
-	if conn.TestDial != nil {
-		return sendBatchTest(conn, buf, seq, msgs)
-	}
 	conn.mu.Lock()
 	defer conn.mu.Unlock()
 	sock, err := conn.batchSocket()
@@ -356,13 +354,10 @@ func (s netfilterSocket) Receive(buf []byte) (int, error) {
 func (s netfilterSocket) PortID() uint32 { return s.c.PID() }
 func (s netfilterSocket) Close() error   { return s.c.Close() }
 
-// batchSocket returns the batch socket, opening it in the connection's
-// namespace the first time. The caller holds conn.mu.
-func (c *Conn) batchSocket() (BatchSocket, error) {
-	if c.batches != nil {
-		return c.batches, nil
-	}
-	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.NetNS})
+// dialNetfilterSocket opens a batch socket in the network namespace netnsFd
+// (0 for the caller's own).
+func dialNetfilterSocket(netnsFd int) (BatchSocket, error) {
+	sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFd})
 	if err != nil {
 		return nil, fmt.Errorf("dial netfilter socket: %w", err)
 	}
@@ -372,7 +367,19 @@ func (c *Conn) batchSocket() (BatchSocket, error) {
 		_ = sock.Close()
 		return nil, fmt.Errorf("set netlink option: %w", err)
 	}
-	var bs BatchSocket = netfilterSocket{sock}
+	return netfilterSocket{sock}, nil
+}
+
+// batchSocket returns the batch socket, opening it the first time. The
+// caller holds conn.mu.
+func (c *Conn) batchSocket() (BatchSocket, error) {
+	if c.batches != nil {
+		return c.batches, nil
+	}
+	bs, err := c.open()
+	if err != nil {
+		return nil, err
+	}
 	if c.wrap != nil {
 		bs = c.wrap(bs)
 	}
@@ -388,20 +395,6 @@ func (c *Conn) batchSocket() (BatchSocket, error) {
 // the notifications of a closed socket's last commits may still be queued
 // for a monitor when the next socket opens.
 const maxPorts = 4
-
-// sendBatchTest hands the batch's messages to conn's test dialer, as the
-// library would, and reads its replies as the kernel's.
-func sendBatchTest(conn *Conn, buf []byte, seq uint32, n int) (*refusal, error) {
-	msgs, err := splitMessages(buf)
-	if err != nil {
-		return nil, fmt.Errorf("parse batch: %w", err)
-	}
-	replies, err := conn.TestDial(msgs)
-	if err != nil {
-		return nil, fmt.Errorf("send batch: %w", err)
-	}
-	return firstRefusal(replies, seq, n), nil
-}
 
 // firstRefusal finds the first error among replies to the batch of n
 // messages numbered from seq; acknowledgements (error 0), echoed rules and

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"encoding/binary"
@@ -8,11 +8,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // recorder is a test dialer: it keeps every batch sent to it and answers a
@@ -22,23 +25,74 @@ import (
 type recorder struct {
 	t       *testing.T
 	batches [][]netlink.Message
-	sets    map[string]*Set
-	table   *Ruleset
+	sets    map[string]*nftmodel.Set
+	table   *nftmodel.Ruleset
 	flags   nftables.TableFlags // of table
 	gen     uint32
 }
 
-func newRecorder(t *testing.T, sets ...*Set) (*recorder, *Conn) {
-	r := &recorder{t: t, sets: map[string]*Set{}}
+func newRecorder(t *testing.T, sets ...*nftmodel.Set) (*recorder, *Conn) {
+	r := &recorder{t: t, sets: map[string]*nftmodel.Set{}}
 	for _, s := range sets {
 		r.sets[s.Name] = s
 	}
-	conn, err := nftables.New(nftables.WithTestDial(r.dial))
+	return r, dialConn(t, r.dial)
+}
+
+// dialConn is a Conn whose reads (through the library) and batches go to
+// dial instead of the kernel.
+func dialConn(t *testing.T, dial func([]netlink.Message) ([]netlink.Message, error)) *Conn {
+	lib, err := nftables.New(nftables.WithTestDial(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, NewConn(conn)
+	return &Conn{lib: lib, open: func() (BatchSocket, error) { return &dialerSocket{dial: dial}, nil }}
 }
+
+// dialerSocket is a batch socket that hands each batch's messages to a test
+// dialer and gives its replies back as the kernel's.
+type dialerSocket struct {
+	dial    func([]netlink.Message) ([]netlink.Message, error)
+	replies []byte
+}
+
+func (s *dialerSocket) Send(batch []byte, _ int, _ time.Time) error {
+	msgs, err := splitMessages(batch)
+	if err != nil {
+		return fmt.Errorf("parse batch: %w", err)
+	}
+	replies, err := s.dial(msgs)
+	if err != nil {
+		return err
+	}
+	for _, m := range replies {
+		n := nlmsgHeaderLen + len(m.Data)
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, uint32(n))
+		s.replies = binary.NativeEndian.AppendUint16(s.replies, uint16(m.Header.Type))
+		s.replies = binary.NativeEndian.AppendUint16(s.replies, uint16(m.Header.Flags))
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, m.Header.Sequence)
+		s.replies = binary.NativeEndian.AppendUint32(s.replies, m.Header.PID)
+		s.replies = append(s.replies, m.Data...)
+		s.replies = append(s.replies, make([]byte, align4(n)-n)...)
+	}
+	return nil
+}
+
+// Receive gives all replies in one read, then none.
+func (s *dialerSocket) Receive(buf []byte) (int, error) {
+	if len(s.replies) == 0 {
+		return 0, unix.EAGAIN
+	}
+	if len(s.replies) > len(buf) {
+		return 0, fmt.Errorf("replies of %d bytes, read buffer of %d", len(s.replies), len(buf))
+	}
+	n := copy(buf, s.replies)
+	s.replies = nil
+	return n, nil
+}
+
+func (s *dialerSocket) PortID() uint32 { return 0 }
+func (s *dialerSocket) Close() error   { return nil }
 
 func (r *recorder) dial(req []netlink.Message) ([]netlink.Message, error) {
 	switch {
@@ -156,29 +210,29 @@ func elementKeys(t *testing.T, m netlink.Message) [][]byte {
 }
 
 func TestApplyMessages(t *testing.T) {
-	small := &Ruleset{Family: IPv4, Table: "t",
-		Sets: []*Set{{Name: "service-ips", Key: vipType, Data: []DataType{TypeVerdict}, Elements: []Element{
+	small := &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t",
+		Sets: []*nftmodel.Set{{Name: "service-ips", Key: vipType, Data: []nftmodel.DataType{nftmodel.TypeVerdict}, Elements: []nftmodel.Element{
 			{Key: nlKey("10.96.0.1", 6, 80), Verdict: nlGoto("svc")},
 			{Key: nlKey("10.96.0.2", 6, 80), Verdict: nlGoto("svc")},
 		}}},
-		Chains: []*Chain{
-			nlBase("pre", TypeNAT, HookPrerouting, -100, nlRule(VerdictMap{Key: svcKey, Map: "service-ips"})),
-			{Name: "svc", Rules: []Rule{nlRule(NumgenGoto{Chains: []string{"ep1", "ep2"}})}},
-			{Name: "ep1", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("10.244.0.1"), Port: 80})}},
-			{Name: "ep2", Rules: []Rule{{Exprs: []Expr{DNAT{Proto: 6, Addr: ip("10.244.0.2"), Port: 80}}, Comment: "default/web:http"}}},
+		Chains: []*nftmodel.Chain{
+			nlBase("pre", nftmodel.TypeNAT, nftmodel.HookPrerouting, -100, nlRule(nftmodel.VerdictMap{Key: svcKey, Map: "service-ips"})),
+			{Name: "svc", Rules: []nftmodel.Rule{nlRule(nftmodel.NumgenGoto{Chains: []string{"ep1", "ep2"}})}},
+			{Name: "ep1", Rules: []nftmodel.Rule{nlRule(nftmodel.DNAT{Proto: 6, Addr: ip("10.244.0.1"), Port: 80})}},
+			{Name: "ep2", Rules: []nftmodel.Rule{{Exprs: []nftmodel.Expr{nftmodel.DNAT{Proto: 6, Addr: ip("10.244.0.2"), Port: 80}}, Comment: "default/web:http"}}},
 		},
 	}
 	tests := []struct {
 		name      string
-		rs        *Ruleset
+		rs        *nftmodel.Ruleset
 		want      []string
-		wantStats Stats
+		wantStats nftmodel.Stats
 	}{
 		{
 			name:      "empty table",
-			rs:        &Ruleset{Family: IPv6, Table: "t"},
+			rs:        &nftmodel.Ruleset{Family: nftmodel.IPv6, Table: "t"},
 			want:      []string{"BEGIN", "NEWTABLE", "END"},
-			wantStats: Stats{Messages: 3},
+			wantStats: nftmodel.Stats{Messages: 3},
 		},
 		{
 			name: "sets, then chains, then elements, then rules with their anonymous maps",
@@ -191,7 +245,7 @@ func TestApplyMessages(t *testing.T) {
 				"NEWSET", "NEWSETELEM", "NEWRULE",
 				"NEWRULE", "NEWRULE",
 				"END"},
-			wantStats: Stats{Messages: 15, Elements: 4, Rules: 4, Chains: 4, Sets: 1},
+			wantStats: nftmodel.Stats{Messages: 15, Elements: 4, Rules: 4, Chains: 4, Sets: 1},
 		},
 	}
 	for _, tt := range tests {
@@ -216,19 +270,19 @@ func TestApplyMessages(t *testing.T) {
 }
 
 func TestApplyChangesSmallBatch(t *testing.T) {
-	endpoints := &Set{Name: "endpoints", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}}
-	services := &Set{Name: "service-nodeports", Key: []DataType{TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}}
+	endpoints := &nftmodel.Set{Name: "endpoints", Key: vipType, Data: []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetService}}
+	services := &nftmodel.Set{Name: "service-nodeports", Key: []nftmodel.DataType{nftmodel.TypeInetProto, nftmodel.TypeInetService}, Data: []nftmodel.DataType{nftmodel.TypeVerdict}}
 	tests := []struct {
 		name     string
-		changes  Changes
+		changes  nftmodel.Changes
 		want     []string
 		wantKeys [][]byte // keys of the element messages, in order
 	}{
 		{
 			name: "one endpoint changes its address",
-			changes: Changes{
-				DelElements: []SetElements{{Set: "endpoints", Elements: []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.1")), N(80)}}}}},
-				AddElements: []SetElements{{Set: "endpoints", Elements: []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.9")), N(80)}}}}},
+			changes: nftmodel.Changes{
+				DelElements: []nftmodel.SetElements{{Set: "endpoints", Elements: []nftmodel.Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []nftmodel.Value{nftmodel.A(ip("10.244.0.1")), nftmodel.N(80)}}}}},
+				AddElements: []nftmodel.SetElements{{Set: "endpoints", Elements: []nftmodel.Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []nftmodel.Value{nftmodel.A(ip("10.244.0.9")), nftmodel.N(80)}}}}},
 			},
 			want: []string{"BEGIN", "DELSETELEM", "NEWSETELEM", "END"},
 			wantKeys: [][]byte{
@@ -238,8 +292,8 @@ func TestApplyChangesSmallBatch(t *testing.T) {
 		},
 		{
 			name: "a node port appears",
-			changes: Changes{
-				AddElements: []SetElements{{Set: "service-nodeports", Elements: []Element{{Key: []Value{N(17), N(30053)}, Verdict: nlGoto("svc")}}}},
+			changes: nftmodel.Changes{
+				AddElements: []nftmodel.SetElements{{Set: "service-nodeports", Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.N(17), nftmodel.N(30053)}, Verdict: nlGoto("svc")}}}},
 			},
 			want:     []string{"BEGIN", "NEWSETELEM", "END"},
 			wantKeys: [][]byte{{17, 0, 0, 0, 0x75, 0x65, 0, 0}},
@@ -248,7 +302,7 @@ func TestApplyChangesSmallBatch(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, conn := newRecorder(t, endpoints, services)
-			stats, err := ApplyChanges(conn, IPv4, "t", &tt.changes)
+			stats, err := ApplyChanges(conn, nftmodel.IPv4, "t", &tt.changes)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,21 +328,21 @@ func TestApplyChangesSmallBatch(t *testing.T) {
 }
 
 func TestApplyChangesOrder(t *testing.T) {
-	endpoints := &Set{Name: "endpoints", Key: vipType, Data: []DataType{TypeIPv4Addr, TypeInetService}}
-	newMap := &Set{Name: "new-map", Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict},
-		Elements: []Element{{Key: []Value{N(80)}, Verdict: nlGoto("new-chain")}}}
-	el := []Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []Value{A(ip("10.244.0.1")), N(80)}}}
-	c := Changes{
-		AddSets:       []*Set{newMap},
-		AddChains:     []*Chain{{Name: "new-chain"}},
-		DelElements:   []SetElements{{Set: "endpoints", Elements: el}},
-		RewriteChains: []*Chain{{Name: "new-chain", Rules: []Rule{nlRule(Verdict{Kind: Accept})}}},
-		AddElements:   []SetElements{{Set: "endpoints", Elements: el}},
+	endpoints := &nftmodel.Set{Name: "endpoints", Key: vipType, Data: []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetService}}
+	newMap := &nftmodel.Set{Name: "new-map", Key: []nftmodel.DataType{nftmodel.TypeInetService}, Data: []nftmodel.DataType{nftmodel.TypeVerdict},
+		Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.N(80)}, Verdict: nlGoto("new-chain")}}}
+	el := []nftmodel.Element{{Key: nlKey("10.96.0.1", 6, 80), Data: []nftmodel.Value{nftmodel.A(ip("10.244.0.1")), nftmodel.N(80)}}}
+	c := nftmodel.Changes{
+		AddSets:       []*nftmodel.Set{newMap},
+		AddChains:     []*nftmodel.Chain{{Name: "new-chain"}},
+		DelElements:   []nftmodel.SetElements{{Set: "endpoints", Elements: el}},
+		RewriteChains: []*nftmodel.Chain{{Name: "new-chain", Rules: []nftmodel.Rule{nlRule(nftmodel.Verdict{Kind: nftmodel.Accept})}}},
+		AddElements:   []nftmodel.SetElements{{Set: "endpoints", Elements: el}},
 		DelChains:     []string{"old-a", "old-b"},
 		DelSets:       []string{"old-set"},
 	}
 	r, conn := newRecorder(t, endpoints)
-	stats, err := ApplyChanges(conn, IPv4, "t", &c)
+	stats, err := ApplyChanges(conn, nftmodel.IPv4, "t", &c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +360,7 @@ func TestApplyChangesOrder(t *testing.T) {
 	if d := gocmp.Diff(want, msgTypes(r.lastBatch())); d != "" {
 		t.Errorf("messages (-want +got):\n%s", d)
 	}
-	wantStats := Stats{Messages: len(want), Elements: 3, Rules: 1, Chains: 6, Sets: 2}
+	wantStats := nftmodel.Stats{Messages: len(want), Elements: 3, Rules: 1, Chains: 6, Sets: 2}
 	if stats != wantStats {
 		t.Errorf("stats = %+v, want %+v", stats, wantStats)
 	}
@@ -351,20 +405,20 @@ func TestApplyRefusesBadModelWithoutQueueing(t *testing.T) {
 	longComment := string(make([]byte, maxCommentLen+1))
 	tests := []struct {
 		name string
-		rs   *Ruleset
+		rs   *nftmodel.Ruleset
 	}{
-		{"IPv6 address in an IPv4 table", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
-			{Name: "c", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("fd00::1"), Port: 80})}}}}},
-		{"IPv4 prefix in an IPv6 table", &Ruleset{Family: IPv6, Table: "t", Chains: []*Chain{
-			{Name: "c", Rules: []Rule{nlRule(MatchPrefix{Field: FieldSaddr, Prefix: pfx("10.0.0.0/8")})}}}}},
-		{"numgen without chains", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
-			{Name: "c", Rules: []Rule{nlRule(NumgenGoto{})}}}}},
-		{"comment too long", &Ruleset{Family: IPv4, Table: "t", Chains: []*Chain{
-			{Name: "c", Rules: []Rule{{Exprs: []Expr{Verdict{Kind: Accept}}, Comment: longComment}}}}}},
-		{"element with a short key", &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
-			{Name: "s", Key: vipType, Elements: []Element{{Key: []Value{A(ip("10.0.0.1"))}}}}}}},
-		{"verdict map element without verdict", &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
-			{Name: "s", Key: []DataType{TypeInetService}, Data: []DataType{TypeVerdict}, Elements: []Element{{Key: []Value{N(80)}}}}}}},
+		{"IPv6 address in an IPv4 table", &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
+			{Name: "c", Rules: []nftmodel.Rule{nlRule(nftmodel.DNAT{Proto: 6, Addr: ip("fd00::1"), Port: 80})}}}}},
+		{"IPv4 prefix in an IPv6 table", &nftmodel.Ruleset{Family: nftmodel.IPv6, Table: "t", Chains: []*nftmodel.Chain{
+			{Name: "c", Rules: []nftmodel.Rule{nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("10.0.0.0/8")})}}}}},
+		{"numgen without chains", &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
+			{Name: "c", Rules: []nftmodel.Rule{nlRule(nftmodel.NumgenGoto{})}}}}},
+		{"comment too long", &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
+			{Name: "c", Rules: []nftmodel.Rule{{Exprs: []nftmodel.Expr{nftmodel.Verdict{Kind: nftmodel.Accept}}, Comment: longComment}}}}}},
+		{"element with a short key", &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Sets: []*nftmodel.Set{
+			{Name: "s", Key: vipType, Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(ip("10.0.0.1"))}}}}}}},
+		{"verdict map element without verdict", &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Sets: []*nftmodel.Set{
+			{Name: "s", Key: []nftmodel.DataType{nftmodel.TypeInetService}, Data: []nftmodel.DataType{nftmodel.TypeVerdict}, Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.N(80)}}}}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -377,7 +431,7 @@ func TestApplyRefusesBadModelWithoutQueueing(t *testing.T) {
 			if len(r.batches) != 0 {
 				t.Fatalf("a batch was sent: %v", msgTypes(r.lastBatch()))
 			}
-			if err := Delete(conn, IPv4, "t"); err != nil {
+			if err := Delete(conn, nftmodel.IPv4, "t"); err != nil {
 				t.Fatal(err)
 			}
 			if d := gocmp.Diff([]string{"BEGIN", "NEWTABLE", "DELTABLE", "END"}, msgTypes(r.lastBatch())); d != "" {
@@ -399,9 +453,9 @@ func TestReg(t *testing.T) {
 }
 
 func TestModelTypeListInvertsLibTypes(t *testing.T) {
-	for _, ts := range [][]DataType{
-		{TypeIPv4Addr}, {TypeIPv6Addr}, {TypeInetProto}, {TypeInetService},
-		vipType, vip6Type, {TypeIPv4Addr, TypeInetService}, {TypeIPv6Addr, TypeIPv6Addr},
+	for _, ts := range [][]nftmodel.DataType{
+		{nftmodel.TypeIPv4Addr}, {nftmodel.TypeIPv6Addr}, {nftmodel.TypeInetProto}, {nftmodel.TypeInetService},
+		vipType, vip6Type, {nftmodel.TypeIPv4Addr, nftmodel.TypeInetService}, {nftmodel.TypeIPv6Addr, nftmodel.TypeIPv6Addr},
 	} {
 		lt, err := libTypes(ts)
 		if err != nil {
@@ -425,14 +479,14 @@ func TestElementSizeMatchesLibrary(t *testing.T) {
 		{Key: []byte{1, 2, 3, 4}},
 		{Key: []byte{1, 2, 3}, Comment: "a comment"},
 		{Key: make([]byte, 12), Val: make([]byte, 8), Comment: "x"},
-		{Key: make([]byte, 4), VerdictData: verdictExpr(Verdict{Kind: Goto, Chain: "some-chain"})},
-		{Key: make([]byte, 4), VerdictData: verdictExpr(Verdict{Kind: Drop})},
+		{Key: make([]byte, 4), VerdictData: verdictExpr(nftmodel.Verdict{Kind: nftmodel.Goto, Chain: "some-chain"})},
+		{Key: make([]byte, 4), VerdictData: verdictExpr(nftmodel.Verdict{Kind: nftmodel.Drop})},
 	} {
 		r, conn := newRecorder(t)
-		if err := conn.SetAddElements(set, []nftables.SetElement{el}); err != nil {
+		if err := conn.lib.SetAddElements(set, []nftables.SetElement{el}); err != nil {
 			t.Fatal(err)
 		}
-		if err := conn.Flush(); err != nil {
+		if err := conn.lib.Flush(); err != nil {
 			t.Fatal(err)
 		}
 		m := r.lastBatch()[1]
@@ -454,32 +508,32 @@ func TestElementSizeMatchesLibrary(t *testing.T) {
 func TestElementEncoderCheck(t *testing.T) {
 	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
 	bad := []struct {
-		key []DataType
-		el  Element
+		key []nftmodel.DataType
+		el  nftmodel.Element
 	}{
-		{[]DataType{TypeIPv4Addr}, Element{Key: []Value{A(v6)}}},
-		{[]DataType{TypeIPv4Addr, TypeInetService}, Element{Key: []Value{A(v4)}}},
-		{[]DataType{TypeIPv4Addr}, Element{Key: []Value{A(v4)}, Comment: strings.Repeat("c", maxCommentLen+1)}},
+		{[]nftmodel.DataType{nftmodel.TypeIPv4Addr}, nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v6)}}},
+		{[]nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetService}, nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}}},
+		{[]nftmodel.DataType{nftmodel.TypeIPv4Addr}, nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}, Comment: strings.Repeat("c", maxCommentLen+1)}},
 	}
 	for _, tt := range bad {
 		if err := newElementEncoder(tt.key, nil, false).check(&tt.el); err == nil {
 			t.Errorf("check(%+v) passed", tt.el)
 		}
 	}
-	if err := newElementEncoder([]DataType{TypeIPv4Addr}, []DataType{TypeVerdict}, true).check(&Element{Key: []Value{A(v4)}}); err == nil {
+	if err := newElementEncoder([]nftmodel.DataType{nftmodel.TypeIPv4Addr}, []nftmodel.DataType{nftmodel.TypeVerdict}, true).check(&nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}}); err == nil {
 		t.Error("check passed a verdict map element without verdict")
 	}
 }
 
 // libElement converts a checked element to google/nftables' form, to
 // compare the wire encoding with the library's.
-func libElement(enc *elementEncoder, e *Element) nftables.SetElement {
-	le := nftables.SetElement{Key: KeyBytes(enc.key, e.Key), Comment: e.Comment}
+func libElement(enc *elementEncoder, e *nftmodel.Element) nftables.SetElement {
+	le := nftables.SetElement{Key: nftmodel.KeyBytes(enc.key, e.Key), Comment: e.Comment}
 	switch {
 	case enc.verdicts:
 		le.VerdictData = verdictExpr(*e.Verdict)
 	case len(enc.data) > 0:
-		le.Val = KeyBytes(enc.data, e.Data)
+		le.Val = nftmodel.KeyBytes(enc.data, e.Data)
 	}
 	return le
 }
@@ -488,33 +542,33 @@ func libElement(enc *elementEncoder, e *Element) nftables.SetElement {
 // google/nftables would have sent, byte for byte.
 func TestWireElementsMatchLibrary(t *testing.T) {
 	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
-	concat := []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}
+	concat := []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetProto, nftmodel.TypeInetService}
 	tests := []struct {
 		name      string
-		family    Family
-		key, data []DataType
+		family    nftmodel.Family
+		key, data []nftmodel.DataType
 		verdicts  bool
 		add       bool
-		els       []Element
+		els       []nftmodel.Element
 	}{
-		{"verdict map", IPv4, concat, []DataType{TypeVerdict}, true, true, []Element{
-			{Key: []Value{A(v4), N(6), N(80)}, Verdict: &Verdict{Kind: Goto, Chain: "service-web"}, Comment: "default/web:http"},
-			{Key: []Value{A(v4), N(17), N(53)}, Verdict: &Verdict{Kind: Drop}},
-			{Key: []Value{A(v4), N(6), N(443)}, Verdict: &Verdict{Kind: Jump, Chain: "x"}},
-			{Key: []Value{A(v4), N(132), N(9)}, Verdict: &Verdict{Kind: Accept}, Comment: "ns/a-much-longer-service-name:with-a-port"},
+		{"verdict map", nftmodel.IPv4, concat, []nftmodel.DataType{nftmodel.TypeVerdict}, true, true, []nftmodel.Element{
+			{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(6), nftmodel.N(80)}, Verdict: &nftmodel.Verdict{Kind: nftmodel.Goto, Chain: "service-web"}, Comment: "default/web:http"},
+			{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(17), nftmodel.N(53)}, Verdict: &nftmodel.Verdict{Kind: nftmodel.Drop}},
+			{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(6), nftmodel.N(443)}, Verdict: &nftmodel.Verdict{Kind: nftmodel.Jump, Chain: "x"}},
+			{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(132), nftmodel.N(9)}, Verdict: &nftmodel.Verdict{Kind: nftmodel.Accept}, Comment: "ns/a-much-longer-service-name:with-a-port"},
 		}},
-		{"data map", IPv6, []DataType{TypeInetService}, []DataType{TypeIPv6Addr, TypeInetService}, false, true, []Element{
-			{Key: []Value{N(1)}, Data: []Value{A(v6), N(8080)}},
-			{Key: []Value{N(2)}, Data: []Value{A(v6), N(8081)}, Comment: "c"},
+		{"data map", nftmodel.IPv6, []nftmodel.DataType{nftmodel.TypeInetService}, []nftmodel.DataType{nftmodel.TypeIPv6Addr, nftmodel.TypeInetService}, false, true, []nftmodel.Element{
+			{Key: []nftmodel.Value{nftmodel.N(1)}, Data: []nftmodel.Value{nftmodel.A(v6), nftmodel.N(8080)}},
+			{Key: []nftmodel.Value{nftmodel.N(2)}, Data: []nftmodel.Value{nftmodel.A(v6), nftmodel.N(8081)}, Comment: "c"},
 		}},
-		{"set", IPv4, []DataType{TypeIPv4Addr}, nil, false, true, []Element{{Key: []Value{A(v4)}}}},
-		{"IPv6 set with a comment", IPv6, []DataType{TypeIPv6Addr}, nil, false, true, []Element{{Key: []Value{A(v6)}, Comment: "default/web:http"}}},
-		{"deletion", IPv4, concat, nil, false, false, []Element{{Key: []Value{A(v4), N(6), N(80)}}}},
+		{"set", nftmodel.IPv4, []nftmodel.DataType{nftmodel.TypeIPv4Addr}, nil, false, true, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v4)}}}},
+		{"IPv6 set with a comment", nftmodel.IPv6, []nftmodel.DataType{nftmodel.TypeIPv6Addr}, nil, false, true, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v6)}, Comment: "default/web:http"}}},
+		{"deletion", nftmodel.IPv4, concat, nil, false, false, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(6), nftmodel.N(80)}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			table := &nftables.Table{Name: "nftproxy", Family: libFamily(tt.family)}
-			s := &Set{Name: "s", Key: tt.key}
+			s := &nftmodel.Set{Name: "s", Key: tt.key}
 			if tt.add {
 				s.Data = tt.data
 			}
@@ -532,14 +586,14 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 				lels[i] = libElement(enc, &tt.els[i])
 			}
 			r, conn := newRecorder(t)
-			call := conn.SetAddElements
+			call := conn.lib.SetAddElements
 			if !tt.add {
-				call = conn.SetDeleteElements
+				call = conn.lib.SetDeleteElements
 			}
 			if err := call(ls, lels); err != nil {
 				t.Fatal(err)
 			}
-			if err := conn.Flush(); err != nil {
+			if err := conn.lib.Flush(); err != nil {
 				t.Fatal(err)
 			}
 			want := r.lastBatch()[1]

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // ErrNoTable is what Read returns when the table doesn't exist.
@@ -36,7 +38,7 @@ var ErrNoTable = errors.New("no such table")
 //
 // Elements the packet path added to dynamic sets (session affinity) are not
 // model state and are left out; so are their expiry times.
-func Read(conn *Conn, family Family, table string) (*Ruleset, error) {
+func Read(conn *Conn, family nftmodel.Family, table string) (*nftmodel.Ruleset, error) {
 	rs, err := readRuleset(conn, family, table)
 	if err != nil {
 		return nil, fmt.Errorf("read table %s %s: %w", family, table, err)
@@ -44,15 +46,15 @@ func Read(conn *Conn, family Family, table string) (*Ruleset, error) {
 	return rs, nil
 }
 
-func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
+func readRuleset(conn *Conn, family nftmodel.Family, table string) (*nftmodel.Ruleset, error) {
 	t := &nftables.Table{Name: table, Family: libFamily(family)}
-	if _, err := conn.ListTableOfFamily(table, t.Family); errors.Is(err, unix.ENOENT) {
+	if _, err := conn.lib.ListTableOfFamily(table, t.Family); errors.Is(err, unix.ENOENT) {
 		return nil, ErrNoTable
 	} else if err != nil {
 		return nil, fmt.Errorf("get table: %w", err)
 	}
-	rs := &Ruleset{Family: family, Table: table}
-	sets, err := conn.GetSets(t)
+	rs := &nftmodel.Ruleset{Family: family, Table: table}
+	sets, err := conn.lib.GetSets(t)
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
@@ -75,7 +77,7 @@ func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
 		}
 		rs.Sets = append(rs.Sets, s)
 	}
-	chains, err := conn.ListChainsOfTableFamily(t.Family)
+	chains, err := conn.lib.ListChainsOfTableFamily(t.Family)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -94,7 +96,7 @@ func readRuleset(conn *Conn, family Family, table string) (*Ruleset, error) {
 }
 
 // readSet reads a named set's declaration and elements.
-func readSet(conn *Conn, f Family, ls *nftables.Set, ud []byte) (*Set, error) {
+func readSet(conn *Conn, f nftmodel.Family, ls *nftables.Set, ud []byte) (*nftmodel.Set, error) {
 	s, err := modelTypes(ls)
 	if err != nil {
 		return nil, err
@@ -125,11 +127,11 @@ func readSet(conn *Conn, f Family, ls *nftables.Set, ud []byte) (*Set, error) {
 	if s.Timeout > 0 && !s.IsVerdictMap() {
 		return s, nil // dynamic: what is in it, the packet path put there
 	}
-	els, err := conn.GetSetElements(ls)
+	els, err := conn.lib.GetSetElements(ls)
 	if err != nil {
 		return nil, fmt.Errorf("get elements: %w", err)
 	}
-	s.Elements = make([]Element, 0, len(els))
+	s.Elements = make([]nftmodel.Element, 0, len(els))
 	for _, le := range els {
 		e, err := readElement(s, &le)
 		if err != nil {
@@ -140,63 +142,63 @@ func readSet(conn *Conn, f Family, ls *nftables.Set, ud []byte) (*Set, error) {
 	return s, nil
 }
 
-func readElement(s *Set, le *nftables.SetElement) (Element, error) {
-	var e Element
+func readElement(s *nftmodel.Set, le *nftables.SetElement) (nftmodel.Element, error) {
+	var e nftmodel.Element
 	var err error
 	if e.Key, err = readValues(s.Key, le.Key); err != nil {
 		return e, fmt.Errorf("read element key: %w", err)
 	}
 	if le.Timeout != 0 || le.Expires != 0 || le.Counter != nil || len(le.KeyEnd) > 0 || le.IntervalEnd {
-		return e, fmt.Errorf("element %s: has a timeout, counter or interval nftproxy doesn't write", renderValues(s.Key, e.Key))
+		return e, fmt.Errorf("element %s: has a timeout, counter or interval nftproxy doesn't write", nftmodel.RenderValues(s.Key, e.Key))
 	}
 	e.Comment = le.Comment
 	switch {
 	case s.IsVerdictMap():
 		lv, err := elementVerdict(le)
 		if err != nil {
-			return e, fmt.Errorf("element %s: %w", renderValues(s.Key, e.Key), err)
+			return e, fmt.Errorf("element %s: %w", nftmodel.RenderValues(s.Key, e.Key), err)
 		}
 		v, err := readVerdict(lv)
 		if err != nil {
-			return e, fmt.Errorf("element %s: %w", renderValues(s.Key, e.Key), err)
+			return e, fmt.Errorf("element %s: %w", nftmodel.RenderValues(s.Key, e.Key), err)
 		}
 		e.Verdict = &v
 	case len(s.Data) > 0:
 		if e.Data, err = readValues(s.Data, le.Val); err != nil {
-			return e, fmt.Errorf("element %s: read value: %w", renderValues(s.Key, e.Key), err)
+			return e, fmt.Errorf("element %s: read value: %w", nftmodel.RenderValues(s.Key, e.Key), err)
 		}
 	}
 	return e, nil
 }
 
 // readValues decodes KeyBytes: it must encode back to exactly b.
-func readValues(types []DataType, b []byte) ([]Value, error) {
-	vals := make([]Value, len(types))
+func readValues(types []nftmodel.DataType, b []byte) ([]nftmodel.Value, error) {
+	vals := make([]nftmodel.Value, len(types))
 	off := 0
 	for i, t := range types {
-		n := encodedLen(types[i : i+1])
+		n := nftmodel.KeyLen(types[i : i+1])
 		if off+n > len(b) {
-			return nil, fmt.Errorf("%d bytes %x are too short for %s", len(b), b, typeNames(types))
+			return nil, fmt.Errorf("%d bytes %x are too short for %s", len(b), b, nftmodel.RenderTypes(types))
 		}
 		switch t {
-		case TypeIPv4Addr, TypeIPv6Addr:
+		case nftmodel.TypeIPv4Addr, nftmodel.TypeIPv6Addr:
 			vals[i].Addr, _ = netip.AddrFromSlice(b[off : off+n])
-		case TypeInetProto:
+		case nftmodel.TypeInetProto:
 			vals[i].Num = uint32(b[off])
-		case TypeInetService:
+		case nftmodel.TypeInetService:
 			vals[i].Num = uint32(binary.BigEndian.Uint16(b[off:]))
-		case TypeInteger:
+		case nftmodel.TypeInteger:
 			vals[i].Num = hostEndian.Uint32(b[off:])
 		default:
-			return nil, fmt.Errorf("type %s can't be a key or a value's part", typeNames(types[i:i+1]))
+			return nil, fmt.Errorf("type %s can't be a key or a value's part", nftmodel.RenderTypes(types[i:i+1]))
 		}
 		off += n
 		if len(types) > 1 {
 			off = (off + 3) &^ 3
 		}
 	}
-	if !bytes.Equal(KeyBytes(types, vals), b) {
-		return nil, fmt.Errorf("bytes %x are not a %s", b, typeNames(types))
+	if !bytes.Equal(nftmodel.KeyBytes(types, vals), b) {
+		return nil, fmt.Errorf("bytes %x are not a %s", b, nftmodel.RenderTypes(types))
 	}
 	return vals, nil
 }
@@ -229,42 +231,42 @@ func elementVerdict(le *nftables.SetElement) (*expr.Verdict, error) {
 	return v, nil
 }
 
-func readVerdict(v *expr.Verdict) (Verdict, error) {
+func readVerdict(v *expr.Verdict) (nftmodel.Verdict, error) {
 	switch v.Kind {
 	case expr.VerdictAccept:
-		return Verdict{Kind: Accept}, nil
+		return nftmodel.Verdict{Kind: nftmodel.Accept}, nil
 	case expr.VerdictDrop:
-		return Verdict{Kind: Drop}, nil
+		return nftmodel.Verdict{Kind: nftmodel.Drop}, nil
 	case expr.VerdictReturn:
-		return Verdict{Kind: Return}, nil
+		return nftmodel.Verdict{Kind: nftmodel.Return}, nil
 	case expr.VerdictJump:
-		return Verdict{Kind: Jump, Chain: v.Chain}, nil
+		return nftmodel.Verdict{Kind: nftmodel.Jump, Chain: v.Chain}, nil
 	case expr.VerdictGoto:
-		return Verdict{Kind: Goto, Chain: v.Chain}, nil
+		return nftmodel.Verdict{Kind: nftmodel.Goto, Chain: v.Chain}, nil
 	}
-	return Verdict{}, fmt.Errorf("verdict %d is not in the model", v.Kind)
+	return nftmodel.Verdict{}, fmt.Errorf("verdict %d is not in the model", v.Kind)
 }
 
-var modelHooks = map[nftables.ChainHook]Hook{
-	*nftables.ChainHookPrerouting:  HookPrerouting,
-	*nftables.ChainHookInput:       HookInput,
-	*nftables.ChainHookForward:     HookForward,
-	*nftables.ChainHookOutput:      HookOutput,
-	*nftables.ChainHookPostrouting: HookPostrouting,
+var modelHooks = map[nftables.ChainHook]nftmodel.Hook{
+	*nftables.ChainHookPrerouting:  nftmodel.HookPrerouting,
+	*nftables.ChainHookInput:       nftmodel.HookInput,
+	*nftables.ChainHookForward:     nftmodel.HookForward,
+	*nftables.ChainHookOutput:      nftmodel.HookOutput,
+	*nftables.ChainHookPostrouting: nftmodel.HookPostrouting,
 }
 
-func readChain(conn *Conn, f Family, lc *nftables.Chain, anon map[string]*nftables.Set) (*Chain, error) {
-	c := &Chain{Name: lc.Name}
+func readChain(conn *Conn, f nftmodel.Family, lc *nftables.Chain, anon map[string]*nftables.Set) (*nftmodel.Chain, error) {
+	c := &nftmodel.Chain{Name: lc.Name}
 	if lc.Hooknum != nil {
 		h, ok := modelHooks[*lc.Hooknum]
 		if !ok || lc.Priority == nil {
 			return nil, fmt.Errorf("hook %d is not in the model", *lc.Hooknum)
 		}
-		c.Base = &BaseChain{Type: TypeFilter, Hook: h, Priority: int32(*lc.Priority)}
+		c.Base = &nftmodel.BaseChain{Type: nftmodel.TypeFilter, Hook: h, Priority: int32(*lc.Priority)}
 		switch lc.Type {
 		case nftables.ChainTypeFilter:
 		case nftables.ChainTypeNAT:
-			c.Base.Type = TypeNAT
+			c.Base.Type = nftmodel.TypeNAT
 		default:
 			return nil, fmt.Errorf("chain type %q is not in the model", lc.Type)
 		}
@@ -272,7 +274,7 @@ func readChain(conn *Conn, f Family, lc *nftables.Chain, anon map[string]*nftabl
 	if !sameChain(lc, c) {
 		return nil, errors.New("a base chain nftproxy doesn't write (policy)")
 	}
-	rules, err := conn.GetRules(lc.Table, lc)
+	rules, err := conn.lib.GetRules(lc.Table, lc)
 	if err != nil {
 		return nil, fmt.Errorf("get rules: %w", err)
 	}
@@ -288,8 +290,8 @@ func readChain(conn *Conn, f Family, lc *nftables.Chain, anon map[string]*nftabl
 
 // readRule decodes a rule's expressions, then encodes the result as Apply
 // would and requires the kernel's expressions back, byte for byte.
-func readRule(conn *Conn, f Family, lr *nftables.Rule, anon map[string]*nftables.Set) (Rule, error) {
-	var r Rule
+func readRule(conn *Conn, f nftmodel.Family, lr *nftables.Rule, anon map[string]*nftables.Set) (nftmodel.Rule, error) {
+	var r nftmodel.Rule
 	if len(lr.UserData) > 0 {
 		comment, ok := userdata.GetString(lr.UserData, userdata.TypeComment)
 		if !ok || !bytes.Equal(userdata.AppendString(nil, userdata.TypeComment, comment), lr.UserData) {
@@ -308,7 +310,7 @@ func readRule(conn *Conn, f Family, lr *nftables.Rule, anon map[string]*nftables
 	}
 	encoded, _, err := ruleExprs(f, r)
 	if err != nil {
-		return r, fmt.Errorf("encode %q again: %w", RenderRule(f, r), err)
+		return r, fmt.Errorf("encode %q again: %w", nftmodel.RenderRule(f, r), err)
 	}
 	// Lookups into anonymous maps get their set when the batch is built:
 	// they are the kernel's, in order.
@@ -324,7 +326,7 @@ func readRule(conn *Conn, f Family, lr *nftables.Rule, anon map[string]*nftables
 		}
 	}
 	if !sameExprs(f, encoded, lr.Exprs) {
-		return r, fmt.Errorf("read as %q, which encodes differently from the kernel's rule", RenderRule(f, r))
+		return r, fmt.Errorf("read as %q, which encodes differently from the kernel's rule", nftmodel.RenderRule(f, r))
 	}
 	return r, nil
 }
@@ -332,7 +334,7 @@ func readRule(conn *Conn, f Family, lr *nftables.Rule, anon map[string]*nftables
 // sameExprs compares encoded expressions with those read from the kernel,
 // whose decoding by google/nftables drops what it doesn't know: of what
 // ruleExprs writes, the byte order conversion of numgen.
-func sameExprs(f Family, a, b []expr.Any) bool {
+func sameExprs(f nftmodel.Family, a, b []expr.Any) bool {
 	a = slices.DeleteFunc(slices.Clone(a), func(e expr.Any) bool {
 		_, ok := e.(*expr.Byteorder)
 		return ok
@@ -376,7 +378,7 @@ func exprName(e expr.Any) string { return fmt.Sprintf("%T", e)[len("*expr."):] }
 // and takes its parameters; it need not check every detail (registers,
 // lengths), since readRule encodes the result again and compares.
 type ruleDecoder struct {
-	f    Family
+	f    nftmodel.Family
 	in   []expr.Any
 	i    int
 	l4   bool // an earlier expression matched the layer 4 protocol
@@ -396,7 +398,7 @@ var errUnknown = errors.New("no model expression writes this")
 
 // next decodes the model expression starting at the current position and
 // says how many kernel expressions it covers.
-func (d *ruleDecoder) next() (Expr, int, error) {
+func (d *ruleDecoder) next() (nftmodel.Expr, int, error) {
 	if fields, n := d.keyLoads(); n > 0 {
 		if e, m, ok := d.keyed(fields, n); ok {
 			return e, m, nil
@@ -406,7 +408,7 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 	case *expr.Payload:
 		return d.prefix(e)
 	case *expr.Counter:
-		return Counter{Packets: e.Packets, Bytes: e.Bytes}, 1, nil
+		return nftmodel.Counter{Packets: e.Packets, Bytes: e.Bytes}, 1, nil
 	case *expr.Meta:
 		switch {
 		case e.Key == expr.MetaKeyL4PROTO:
@@ -419,9 +421,9 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 	case *expr.Fib:
 		if _, ok := d.at(1).(*expr.Cmp); ok {
 			if e.FlagSADDR {
-				return MatchFibSaddrLocal{}, 2, nil
+				return nftmodel.MatchFibSaddrLocal{}, 2, nil
 			}
-			return MatchFibDaddrLocal{}, 2, nil
+			return nftmodel.MatchFibDaddrLocal{}, 2, nil
 		}
 	case *expr.Ct:
 		bw, okB := d.at(1).(*expr.Bitwise)
@@ -433,18 +435,18 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 		negate := cmp.Op == expr.CmpOpEq
 		switch mask := hostEndian.Uint32(bw.Mask); {
 		case e.Key == expr.CtKeySTATE && mask == expr.CtStateBitINVALID:
-			return MatchCtStateInvalid{}, 3, nil
+			return nftmodel.MatchCtStateInvalid{}, 3, nil
 		case e.Key == expr.CtKeySTATE:
-			return MatchCtStateEstablished{Negate: negate}, 3, nil
+			return nftmodel.MatchCtStateEstablished{Negate: negate}, 3, nil
 		case e.Key == expr.CtKeySTATUS:
-			return MatchCtStatusDNAT{Negate: negate}, 3, nil
+			return nftmodel.MatchCtStatusDNAT{Negate: negate}, 3, nil
 		}
 	case *expr.Numgen:
 		return d.numgen(e)
 	case *expr.Masq:
-		return Masquerade{FullyRandom: e.FullyRandom}, 1, nil
+		return nftmodel.Masquerade{FullyRandom: e.FullyRandom}, 1, nil
 	case *expr.Reject:
-		return Reject{TCPReset: e.Type == unix.NFT_REJECT_TCP_RST}, 1, nil
+		return nftmodel.Reject{TCPReset: e.Type == unix.NFT_REJECT_TCP_RST}, 1, nil
 	case *expr.Verdict:
 		v, err := readVerdict(e)
 		return v, 1, err
@@ -454,20 +456,20 @@ func (d *ruleDecoder) next() (Expr, int, error) {
 
 // keyLoads reads the loads of a (concatenated) key into consecutive
 // registers starting at register 1, as loadKey writes them.
-func (d *ruleDecoder) keyLoads() ([]Field, int) {
-	var fields []Field
+func (d *ruleDecoder) keyLoads() ([]nftmodel.Field, int) {
+	var fields []nftmodel.Field
 	var offset uint32
 	for n := 0; ; n++ {
-		var fl Field
+		var fl nftmodel.Field
 		switch e := d.at(n).(type) {
 		case *expr.Payload:
 			switch {
 			case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2:
-				fl = FieldTHDport
-			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == addrOffset(d.f, FieldSaddr):
-				fl = FieldSaddr
-			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == addrOffset(d.f, FieldDaddr):
-				fl = FieldDaddr
+				fl = nftmodel.FieldTHDport
+			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == addrOffset(d.f, nftmodel.FieldSaddr):
+				fl = nftmodel.FieldSaddr
+			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == addrOffset(d.f, nftmodel.FieldDaddr):
+				fl = nftmodel.FieldDaddr
 			default:
 				return fields, n
 			}
@@ -478,7 +480,7 @@ func (d *ruleDecoder) keyLoads() ([]Field, int) {
 			if e.Key != expr.MetaKeyL4PROTO || e.SourceRegister || e.Register != reg(offset) {
 				return fields, n
 			}
-			fl = FieldL4Proto
+			fl = nftmodel.FieldL4Proto
 		default:
 			return fields, n
 		}
@@ -490,37 +492,37 @@ func (d *ruleDecoder) keyLoads() ([]Field, int) {
 
 // keyed decodes the expressions that look a loaded key up: set match,
 // verdict map, DNAT map and set update.
-func (d *ruleDecoder) keyed(key []Field, n int) (Expr, int, bool) {
+func (d *ruleDecoder) keyed(key []nftmodel.Field, n int) (nftmodel.Expr, int, bool) {
 	switch e := d.at(n).(type) {
 	case *expr.Lookup:
 		switch {
 		case !e.IsDestRegSet:
-			return MatchSet{Key: key, Set: e.SetName}, n + 1, true
+			return nftmodel.MatchSet{Key: key, Set: e.SetName}, n + 1, true
 		case e.DestRegister == 0:
-			return VerdictMap{Key: key, Map: e.SetName}, n + 1, true
+			return nftmodel.VerdictMap{Key: key, Map: e.SetName}, n + 1, true
 		}
 		if _, ok := d.at(n + 1).(*expr.NAT); ok {
-			return DNATMap{Key: key, Map: e.SetName}, n + 2, true
+			return nftmodel.DNATMap{Key: key, Map: e.SetName}, n + 2, true
 		}
 	case *expr.Numgen:
 		// A DNAT map keyed with a random slot after the fields.
 		l, okL := d.at(n + 1).(*expr.Lookup)
 		_, okN := d.at(n + 2).(*expr.NAT)
 		if okL && okN && l.IsDestRegSet && l.DestRegister != 0 {
-			return DNATMap{Key: key, Numgen: e.Modulus, Map: l.SetName}, n + 3, true
+			return nftmodel.DNATMap{Key: key, Numgen: e.Modulus, Map: l.SetName}, n + 3, true
 		}
 	case *expr.Dynset:
-		return UpdateSet{Key: key, Set: e.SetName}, n + 1, true
+		return nftmodel.UpdateSet{Key: key, Set: e.SetName}, n + 1, true
 	}
 	return nil, 0, false
 }
 
 // prefix decodes an address match: a whole address, the whole bytes of a
 // byte-aligned prefix, or a masked address.
-func (d *ruleDecoder) prefix(p *expr.Payload) (Expr, int, error) {
-	m := MatchPrefix{Field: FieldDaddr}
-	if p.Offset == addrOffset(d.f, FieldSaddr) {
-		m.Field = FieldSaddr
+func (d *ruleDecoder) prefix(p *expr.Payload) (nftmodel.Expr, int, error) {
+	m := nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr}
+	if p.Offset == addrOffset(d.f, nftmodel.FieldSaddr) {
+		m.Field = nftmodel.FieldSaddr
 	}
 	n := 1
 	bitLen := int(p.Len * 8)
@@ -546,7 +548,7 @@ func (d *ruleDecoder) prefix(p *expr.Payload) (Expr, int, error) {
 // l4proto decodes a protocol match, and the two expressions whose program
 // starts with one: a DNAT to an address and port, and a TCP reset in a rule
 // that matched no protocol before (nft adds that match and doesn't list it).
-func (d *ruleDecoder) l4proto() (Expr, int, error) {
+func (d *ruleDecoder) l4proto() (nftmodel.Expr, int, error) {
 	cmp, ok := d.at(1).(*expr.Cmp)
 	if !ok || len(cmp.Data) != 1 {
 		return nil, 0, errUnknown
@@ -558,19 +560,19 @@ func (d *ruleDecoder) l4proto() (Expr, int, error) {
 	if okA && okP && okN && len(port.Data) == 2 {
 		a, _ := netip.AddrFromSlice(addr.Data)
 		d.l4 = true
-		return DNAT{Proto: proto, Addr: a, Port: binary.BigEndian.Uint16(port.Data)}, 5, nil
+		return nftmodel.DNAT{Proto: proto, Addr: a, Port: binary.BigEndian.Uint16(port.Data)}, 5, nil
 	}
 	if rej, ok := d.at(2).(*expr.Reject); ok && !d.l4 && proto == unix.IPPROTO_TCP && rej.Type == unix.NFT_REJECT_TCP_RST {
 		d.l4 = true
-		return Reject{TCPReset: true}, 3, nil
+		return nftmodel.Reject{TCPReset: true}, 3, nil
 	}
 	d.l4 = true
-	return MatchL4Proto{Proto: proto}, 2, nil
+	return nftmodel.MatchL4Proto{Proto: proto}, 2, nil
 }
 
 // iifname decodes an input interface name match: the name padded with NULs
 // to IFNAMSIZ, or a prefix's bytes alone for "prefix*".
-func (d *ruleDecoder) iifname() (Expr, int, error) {
+func (d *ruleDecoder) iifname() (nftmodel.Expr, int, error) {
 	cmp, ok := d.at(1).(*expr.Cmp)
 	if !ok || len(cmp.Data) == 0 {
 		return nil, 0, errUnknown
@@ -579,12 +581,12 @@ func (d *ruleDecoder) iifname() (Expr, int, error) {
 	if len(cmp.Data) == ifNameSize {
 		name = string(bytes.TrimRight(cmp.Data, "\x00"))
 	}
-	return MatchIifname{Name: name, Negate: cmp.Op == expr.CmpOpNeq}, 2, nil
+	return nftmodel.MatchIifname{Name: name, Negate: cmp.Op == expr.CmpOpNeq}, 2, nil
 }
 
 // mark decodes a mark test (load, mask, compare) and a mark change (load,
 // mask and xor, store).
-func (d *ruleDecoder) mark() (Expr, int, error) {
+func (d *ruleDecoder) mark() (nftmodel.Expr, int, error) {
 	bw, ok := d.at(1).(*expr.Bitwise)
 	if !ok || len(bw.Mask) != 4 || len(bw.Xor) != 4 {
 		return nil, 0, errUnknown
@@ -592,19 +594,19 @@ func (d *ruleDecoder) mark() (Expr, int, error) {
 	mask, xor := hostEndian.Uint32(bw.Mask), hostEndian.Uint32(bw.Xor)
 	switch e := d.at(2).(type) {
 	case *expr.Cmp:
-		return MatchMark{Mask: mask, IsSet: e.Op == expr.CmpOpNeq}, 3, nil
+		return nftmodel.MatchMark{Mask: mask, IsSet: e.Op == expr.CmpOpNeq}, 3, nil
 	case *expr.Meta:
 		if mask == 0xffffffff {
-			return MarkXor{Bits: xor}, 3, nil
+			return nftmodel.MarkXor{Bits: xor}, 3, nil
 		}
-		return MarkOr{Bits: xor}, 3, nil
+		return nftmodel.MarkOr{Bits: xor}, 3, nil
 	}
 	return nil, 0, errUnknown
 }
 
 // numgen decodes `numgen random mod N vmap { 0 : goto a, … }`: its anonymous
 // map must hold exactly the keys 0 to N-1, each going to a chain.
-func (d *ruleDecoder) numgen(ng *expr.Numgen) (Expr, int, error) {
+func (d *ruleDecoder) numgen(ng *expr.Numgen) (nftmodel.Expr, int, error) {
 	// google/nftables doesn't decode the byte order conversion between the
 	// two: it is not in the rule as read.
 	l, ok := d.at(1).(*expr.Lookup)
@@ -613,7 +615,7 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (Expr, int, error) {
 	}
 	if _, ok := d.at(2).(*expr.NAT); ok && l.IsDestRegSet && l.DestRegister != 0 {
 		// A DNAT map keyed with the random slot alone.
-		return DNATMap{Numgen: ng.Modulus, Map: l.SetName}, 3, nil
+		return nftmodel.DNATMap{Numgen: ng.Modulus, Map: l.SetName}, 3, nil
 	}
 	ls := d.anon[l.SetName]
 	if ls == nil {
@@ -623,14 +625,14 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (Expr, int, error) {
 		ls.KeyType.GetNFTMagic() != nftables.TypeInteger.GetNFTMagic() {
 		return nil, 0, fmt.Errorf("anonymous set %s is not an integer-keyed verdict map", l.SetName)
 	}
-	els, err := d.conn.GetSetElements(ls)
+	els, err := d.conn.lib.GetSetElements(ls)
 	if err != nil {
 		return nil, 0, fmt.Errorf("get elements of %s: %w", l.SetName, err)
 	}
 	// Keys are big-endian as nftproxy writes them, host-endian as nft does.
 	for _, order := range []binary.ByteOrder{binary.BigEndian, hostEndian} {
 		if chains, ok := numgenChains(els, ng.Modulus, order); ok {
-			return NumgenGoto{Chains: chains}, 2, nil
+			return nftmodel.NumgenGoto{Chains: chains}, 2, nil
 		}
 	}
 	return nil, 0, fmt.Errorf("anonymous map %s is not `numgen random mod %d vmap { 0 : goto …, … }`", l.SetName, ng.Modulus)

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -7,29 +7,28 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // batch plans one transaction. Everything that can fail in translation fails
 // while planning, before a single message is encoded, so an invalid model
 // never leaves a half-built batch behind. conn is only read from (and names
 // the namespace the batch goes to); the library encodes its messages on a
-// connection of its own that sends nothing (see send).
+// libEncoder, which sends nothing.
 type batch struct {
 	conn   *Conn
-	lib    *nftables.Conn
-	family Family
+	lib    *libEncoder
+	family nftmodel.Family
 	table  *nftables.Table
-	stats  Stats
+	stats  nftmodel.Stats
 	steps  []step
 	sets   map[string]*nftables.Set // sets whose elements the batch may touch
-	types  map[string]*Set          // their types (Name, Key and Data only)
+	types  map[string]*nftmodel.Set // their types (Name, Key and Data only)
 	// userData is the user data of the sets declared with typeof, which
 	// the library can't write: send puts it into their messages.
 	userData map[string][]byte
-	// captured is what the library encoded on lib, in order.
-	captured []netlink.Message
 }
 
 // step is one part of the batch: msgs messages the library encodes when
@@ -49,26 +48,20 @@ type step struct {
 type elementsStep struct {
 	set *nftables.Set
 	enc *elementEncoder
-	els []Element
+	els []nftmodel.Element
 	add bool
 }
 
-func newBatch(conn *Conn, f Family, table string) *batch {
-	b := &batch{
+func newBatch(conn *Conn, f nftmodel.Family, table string) *batch {
+	return &batch{
 		conn:     conn,
+		lib:      newLibEncoder(),
 		family:   f,
 		table:    &nftables.Table{Name: table, Family: libFamily(f)},
 		sets:     map[string]*nftables.Set{},
-		types:    map[string]*Set{},
+		types:    map[string]*nftmodel.Set{},
 		userData: map[string][]byte{},
 	}
-	b.lib = &nftables.Conn{TestDial: func(req []netlink.Message) ([]netlink.Message, error) {
-		if len(req) >= 2 { // a batch: begin, the messages, end
-			b.captured = append(b.captured, req[1:len(req)-1]...)
-		}
-		return nil, nil
-	}}
-	return b
 }
 
 func (b *batch) plan(msgs int, queue func() error, format string, args ...any) {
@@ -94,7 +87,7 @@ func (b *batch) delTable() {
 
 // declare makes s known to the batch, so that its elements can be planned,
 // without planning its creation.
-func (b *batch) declare(s *Set) (*nftables.Set, error) {
+func (b *batch) declare(s *nftmodel.Set) (*nftables.Set, error) {
 	ls, err := libSet(b.table, s)
 	if err != nil {
 		return nil, err
@@ -111,7 +104,7 @@ func (b *batch) declare(s *Set) (*nftables.Set, error) {
 	return ls, nil
 }
 
-func (b *batch) addSet(s *Set) error {
+func (b *batch) addSet(s *nftmodel.Set) error {
 	ls, err := b.declare(s)
 	if err != nil {
 		return err
@@ -144,7 +137,7 @@ func (b *batch) chain(name string) *nftables.Chain {
 	return &nftables.Chain{Table: b.table, Name: name}
 }
 
-func (b *batch) addChain(c *Chain) {
+func (b *batch) addChain(c *nftmodel.Chain) {
 	lc := libChain(b.table, c)
 	b.plan1(func() { b.lib.AddChain(lc) }, "add chain %s", c.Name)
 	b.stats.Chains++
@@ -152,11 +145,11 @@ func (b *batch) addChain(c *Chain) {
 
 // libChain returns the library's description of a chain; base chains accept
 // what they don't decide.
-func libChain(t *nftables.Table, c *Chain) *nftables.Chain {
+func libChain(t *nftables.Table, c *nftmodel.Chain) *nftables.Chain {
 	lc := &nftables.Chain{Table: t, Name: c.Name}
 	if c.Base != nil {
 		lc.Type = nftables.ChainTypeFilter
-		if c.Base.Type == TypeNAT {
+		if c.Base.Type == nftmodel.TypeNAT {
 			lc.Type = nftables.ChainTypeNAT
 		}
 		lc.Hooknum = nftables.ChainHookRef(libHook(c.Base.Hook))
@@ -167,15 +160,15 @@ func libChain(t *nftables.Table, c *Chain) *nftables.Chain {
 	return lc
 }
 
-func libHook(h Hook) nftables.ChainHook {
+func libHook(h nftmodel.Hook) nftables.ChainHook {
 	switch h {
-	case HookPrerouting:
+	case nftmodel.HookPrerouting:
 		return *nftables.ChainHookPrerouting
-	case HookInput:
+	case nftmodel.HookInput:
 		return *nftables.ChainHookInput
-	case HookForward:
+	case nftmodel.HookForward:
 		return *nftables.ChainHookForward
-	case HookOutput:
+	case nftmodel.HookOutput:
 		return *nftables.ChainHookOutput
 	default:
 		return *nftables.ChainHookPostrouting
@@ -202,7 +195,7 @@ func (b *batch) delChain(name string) {
 
 // addRules appends the chain's rules in order, each preceded by the anonymous
 // maps it looks up.
-func (b *batch) addRules(c *Chain) error {
+func (b *batch) addRules(c *nftmodel.Chain) error {
 	lc := b.chain(c.Name)
 	for i, r := range c.Rules {
 		if len(r.Comment) > maxCommentLen {
@@ -212,7 +205,7 @@ func (b *batch) addRules(c *Chain) error {
 		if err != nil {
 			return fmt.Errorf("add rule %d of chain %s: %w", i+1, c.Name, err)
 		}
-		text := RenderRule(b.family, r)
+		text := nftmodel.RenderRule(b.family, r)
 		for _, m := range anon {
 			m.set.Table = b.table
 			b.plan(1+anonMessages(m.elements), func() error { return b.lib.AddSet(m.set, m.elements) },
@@ -242,18 +235,18 @@ func (b *batch) addRules(c *Chain) error {
 
 // learnSets makes sure the batch knows the types of every set whose elements
 // c adds or deletes: from c when it says (Diff does), else from the kernel.
-func (b *batch) learnSets(c *Changes) error {
-	for _, list := range [][]SetElements{c.DelElements, c.AddElements} {
+func (b *batch) learnSets(c *nftmodel.Changes) error {
+	for _, list := range [][]nftmodel.SetElements{c.DelElements, c.AddElements} {
 		for _, se := range list {
 			if _, ok := b.types[se.Set]; ok {
 				continue
 			}
 			if se.Key != nil {
 				b.sets[se.Set] = &nftables.Set{Table: b.table, Name: se.Set, HasTimeout: se.Timeout > 0}
-				b.types[se.Set] = &Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout}
+				b.types[se.Set] = &nftmodel.Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout}
 				continue
 			}
-			ls, err := b.conn.GetSetByName(b.table, se.Set)
+			ls, err := b.conn.lib.GetSetByName(b.table, se.Set)
 			if err != nil {
 				return fmt.Errorf("get set %s: %w", se.Set, err)
 			}
@@ -269,15 +262,15 @@ func (b *batch) learnSets(c *Changes) error {
 }
 
 // modelTypes reads the key and value types of a set the kernel reported.
-func modelTypes(ls *nftables.Set) (*Set, error) {
-	s := &Set{Name: ls.Name}
+func modelTypes(ls *nftables.Set) (*nftmodel.Set, error) {
+	s := &nftmodel.Set{Name: ls.Name}
 	var err error
 	if s.Key, err = modelTypeList(ls.KeyType.GetNFTMagic()); err != nil {
 		return nil, fmt.Errorf("read key type: %w", err)
 	}
 	if ls.IsMap {
 		if ls.DataType.GetNFTMagic() == nftables.TypeVerdict.GetNFTMagic() {
-			s.Data = []DataType{TypeVerdict}
+			s.Data = []nftmodel.DataType{nftmodel.TypeVerdict}
 		} else if s.Data, err = modelTypeList(ls.DataType.GetNFTMagic()); err != nil {
 			return nil, fmt.Errorf("read data type: %w", err)
 		}
@@ -287,25 +280,25 @@ func modelTypes(ls *nftables.Set) (*Set, error) {
 
 // modelTypeList decodes nft's type magic: one type, or a concatenation with
 // 6 bits per part, the first part in the highest bits.
-func modelTypeList(magic uint32) ([]DataType, error) {
-	var out []DataType
+func modelTypeList(magic uint32) ([]nftmodel.DataType, error) {
+	var out []nftmodel.DataType
 	for ; magic != 0; magic >>= nftables.SetConcatTypeBits {
-		var t DataType
+		var t nftmodel.DataType
 		switch m := magic & nftables.SetConcatTypeMask; m {
 		case nftables.TypeIPAddr.GetNFTMagic():
-			t = TypeIPv4Addr
+			t = nftmodel.TypeIPv4Addr
 		case nftables.TypeIP6Addr.GetNFTMagic():
-			t = TypeIPv6Addr
+			t = nftmodel.TypeIPv6Addr
 		case nftables.TypeInetProto.GetNFTMagic():
-			t = TypeInetProto
+			t = nftmodel.TypeInetProto
 		case nftables.TypeInetService.GetNFTMagic():
-			t = TypeInetService
+			t = nftmodel.TypeInetService
 		case nftables.TypeInteger.GetNFTMagic():
-			t = TypeInteger
+			t = nftmodel.TypeInteger
 		default:
 			return nil, fmt.Errorf("unsupported type %d", m)
 		}
-		out = append([]DataType{t}, out...)
+		out = append([]nftmodel.DataType{t}, out...)
 	}
 	if len(out) == 0 {
 		return nil, errors.New("no type")
@@ -313,12 +306,16 @@ func modelTypeList(magic uint32) ([]DataType, error) {
 	return out, nil
 }
 
-func (b *batch) addElements(set string, els []Element) error { return b.elements(set, els, true) }
-func (b *batch) delElements(set string, els []Element) error { return b.elements(set, els, false) }
+func (b *batch) addElements(set string, els []nftmodel.Element) error {
+	return b.elements(set, els, true)
+}
+func (b *batch) delElements(set string, els []nftmodel.Element) error {
+	return b.elements(set, els, false)
+}
 
 // elements plans element additions or deletions in chunks that each fit one
 // message (a netlink attribute can't describe more than 64 KiB).
-func (b *batch) elements(set string, els []Element, add bool) error {
+func (b *batch) elements(set string, els []nftmodel.Element, add bool) error {
 	if len(els) == 0 {
 		return nil
 	}
@@ -343,7 +340,7 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 	for _, chunk := range enc.chunks(els, maxChunkElements, maxChunkBytes) {
 		b.steps = append(b.steps, step{
 			what: fmt.Sprintf("%s %d elements of set %s (%s … %s)",
-				verb, len(chunk), set, renderValues(s.Key, chunk[0].Key), renderValues(s.Key, chunk[len(chunk)-1].Key)),
+				verb, len(chunk), set, nftmodel.RenderValues(s.Key, chunk[0].Key), nftmodel.RenderValues(s.Key, chunk[len(chunk)-1].Key)),
 			msgs:     1,
 			elements: &elementsStep{set: ls, enc: enc, els: chunk, add: add},
 		})
@@ -357,20 +354,18 @@ func (b *batch) elements(set string, els []Element, add bool) error {
 // it, if any table of the namespace changed since that generation. On error
 // send names the message the kernel refused.
 //
-// The library's messages are encoded first, on b.lib, whose test dialer
-// keeps them instead of sending; the batch is then written into one buffer
+// The library's messages are encoded first, on b.lib, which keeps them
+// instead of sending; the batch is then written into one buffer
 // of the size it needs, the library's messages copied in their places and
 // set elements encoded in theirs.
-func (b *batch) send(verb string, genID uint32) (Stats, error) {
+func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	var what []string
 	libMsgs := 0
 	for _, s := range b.steps {
 		if s.queue != nil {
 			if err := s.queue(); err != nil {
-				// google/nftables keeps the error and its Flush then returns it
-				// without encoding anything.
-				_ = b.lib.Flush()
-				return Stats{}, b.fail(verb, err)
+				b.lib.discard()
+				return nftmodel.Stats{}, b.fail(verb, err)
 			}
 			libMsgs += s.msgs
 		}
@@ -378,16 +373,16 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 			what = append(what, s.what)
 		}
 	}
-	b.captured = b.captured[:0]
-	if err := b.lib.Flush(); err != nil {
-		return Stats{}, b.fail(verb, fmt.Errorf("encode messages: %w", err))
+	captured, err := b.lib.encode()
+	if err != nil {
+		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: %w", err))
 	}
-	if len(b.captured) != libMsgs {
+	if len(captured) != libMsgs {
 		// The count of each step must be exact, or errors would name the
 		// wrong message.
-		return Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(b.captured), libMsgs))
+		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(captured), libMsgs))
 	}
-	lib := b.captured
+	lib := captured
 	for _, s := range b.steps {
 		if s.queue == nil {
 			continue
@@ -395,7 +390,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 		if s.userData != nil {
 			data, err := withUserData(lib[0].Data, s.userData)
 			if err != nil {
-				return Stats{}, b.fail(verb, fmt.Errorf("encode %s: %w", s.what, err))
+				return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode %s: %w", s.what, err))
 			}
 			lib[0].Data = data
 		}
@@ -403,7 +398,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	}
 
 	size := 2 * batchEdgeSize(genID)
-	for _, m := range b.captured {
+	for _, m := range captured {
 		size += nlmsgHeaderLen + align4(len(m.Data))
 	}
 	for _, s := range b.steps {
@@ -414,7 +409,7 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 	first := nextSeqs(len(what) + 2)
 	w := &wire{buf: make([]byte, 0, size), seq: first}
 	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
-	lib = b.captured
+	lib = captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
 			w.elements(b.family, b.table.Name, e)
@@ -426,7 +421,6 @@ func (b *batch) send(verb string, genID uint32) (Stats, error) {
 		lib = lib[s.msgs:]
 	}
 	w.batchEdge(unix.NFNL_MSG_BATCH_END, genID)
-	b.captured = nil
 
 	b.stats.Messages = len(what) + 2
 	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)

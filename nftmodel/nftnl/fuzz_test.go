@@ -1,7 +1,9 @@
-package nftmodel
+package nftnl
 
 import (
 	"testing"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // FuzzReplies feeds any bytes to the parsers of what the kernel sends back:
@@ -26,7 +28,7 @@ func FuzzReplies(f *testing.F) {
 			if !ok {
 				continue
 			}
-			if e.Type > 0xff || (e.Type != EventNewGen && e.Table == "") || e.Lost {
+			if e.Type > 0xff || (e.Type != nftmodel.EventNewGen && e.Table == "") || e.Lost {
 				t.Errorf("event %+v from %v", e, m)
 			}
 		}

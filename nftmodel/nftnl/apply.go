@@ -1,109 +1,20 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
-)
 
-// Stats counts what one batch carried.
-type Stats struct {
-	Messages int // netlink messages in the batch, batch begin and end included
-	Elements int // set elements added or deleted (anonymous maps' included)
-	Rules    int // rules added
-	Chains   int // chains added, flushed one by one or deleted
-	Sets     int // named sets added, flushed or deleted
-}
+	"github.com/nftproxy/nftproxy/nftmodel"
+)
 
 // maxCommentLen is the longest comment nft accepts (NFTNL_UDATA_COMMENT_MAXLEN);
 // the kernel would take longer ones, but then the text could not be loaded.
 const maxCommentLen = 128
-
-// Conn is a connection to one network namespace's nftables: a google/nftables
-// connection, through which the applier reads the kernel's state, and a
-// netfilter socket of its own for batches, opened in the same namespace at
-// the first batch and kept (closing a socket waits for the kernel to finish
-// freeing what the last batch deleted; see sendBatch). With a test dialer
-// the batches go to the dialer instead.
-type Conn struct {
-	*nftables.Conn
-	// SendTimeout bounds the sending of one batch (0: DefaultSendTimeout).
-	SendTimeout time.Duration
-
-	mu      sync.Mutex
-	batches BatchSocket
-	wrap    func(BatchSocket) BatchSocket
-	ports   []uint32 // port IDs of the last batch sockets, the newest last
-}
-
-// DefaultSendTimeout bounds the sending of a batch when Conn.SendTimeout is
-// not set; the kernel handles even a 50,000-service batch in under a second.
-const DefaultSendTimeout = 30 * time.Second
-
-func (c *Conn) sendTimeout() time.Duration {
-	if c.SendTimeout > 0 {
-		return c.SendTimeout
-	}
-	return DefaultSendTimeout
-}
-
-// WrapBatches makes every batch socket the connection opens from now on go
-// through wrap: tests inject faults that way. The socket already open is
-// closed.
-func (c *Conn) WrapBatches(wrap func(BatchSocket) BatchSocket) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.batches != nil {
-		_ = c.batches.Close()
-		c.batches = nil
-	}
-	c.wrap = wrap
-}
-
-// OwnPort tells whether port is the netlink port ID of one of the
-// connection's recent batch sockets: the kernel's notifications of our own
-// commits carry it.
-func (c *Conn) OwnPort(port uint32) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Contains(c.ports, port)
-}
-
-// NewConn wraps a google/nftables connection; close it with CloseLasting.
-func NewConn(c *nftables.Conn) *Conn { return &Conn{Conn: c} }
-
-// Dial opens a lasting connection in the network namespace netnsFd (0 for
-// the caller's own); close it with CloseLasting.
-func Dial(netnsFd int) (*Conn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting()}
-	if netnsFd != 0 {
-		opts = append(opts, nftables.WithNetNSFd(netnsFd))
-	}
-	c, err := nftables.New(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("dial nftables: %w", err)
-	}
-	return NewConn(c), nil
-}
-
-// CloseLasting closes the batch socket and the library's lasting socket.
-func (c *Conn) CloseLasting() error {
-	c.mu.Lock()
-	sock := c.batches
-	c.batches = nil
-	c.mu.Unlock()
-	var err error
-	if sock != nil {
-		err = sock.Close()
-	}
-	return errors.Join(err, c.Conn.CloseLasting())
-}
 
 // Apply makes the table (rs.Family, rs.Table) hold exactly rs, in one batch,
 // repairing whatever drifted from it, without recreating what is already
@@ -136,14 +47,14 @@ func (c *Conn) CloseLasting() error {
 //
 // Any other error from the kernel leaves the table's state unknown: the
 // caller must apply in full again.
-func Apply(conn *Conn, rs *Ruleset) (Stats, error) { return ApplyReplacing(conn, rs) }
+func Apply(conn *Conn, rs *nftmodel.Ruleset) (nftmodel.Stats, error) { return ApplyReplacing(conn, rs) }
 
 // ApplyReplacing is Apply, and the same batch deletes the tables named
 // others of rs's family, if they exist: rs takes their place in one
 // transaction, so no packet ever meets neither (another proxy's table, when
 // its NAT rules go before ours are in place, resets established NATed
 // connections).
-func ApplyReplacing(conn *Conn, rs *Ruleset, others ...string) (Stats, error) {
+func ApplyReplacing(conn *Conn, rs *nftmodel.Ruleset, others ...string) (nftmodel.Stats, error) {
 	for attempt := 1; ; attempt++ {
 		stats, err := applyOnce(conn, rs, attempt < maxApplyAttempts, others)
 		if attempt == maxApplyAttempts || !errors.Is(err, unix.ERESTART) {
@@ -156,23 +67,23 @@ func ApplyReplacing(conn *Conn, rs *Ruleset, others ...string) (Stats, error) {
 // ruleset changed while it planned.
 const maxApplyAttempts = 3
 
-func applyOnce(conn *Conn, rs *Ruleset, guarded bool, others []string) (Stats, error) {
+func applyOnce(conn *Conn, rs *nftmodel.Ruleset, guarded bool, others []string) (nftmodel.Stats, error) {
 	b := newBatch(conn, rs.Family, rs.Table)
 	// Translate the model before asking the kernel anything: a model that
 	// can't be encoded fails without I/O and leaves nothing queued.
 	for _, s := range rs.Sets {
 		if _, err := b.declare(s); err != nil {
-			return Stats{}, b.fail("apply", err)
+			return nftmodel.Stats{}, b.fail("apply", err)
 		}
 	}
 	for _, s := range rs.Sets {
 		if err := b.addElements(s.Name, s.Elements); err != nil {
-			return Stats{}, b.fail("apply", err)
+			return nftmodel.Stats{}, b.fail("apply", err)
 		}
 	}
 	for _, c := range rs.Chains {
 		if err := b.addRules(c); err != nil {
-			return Stats{}, b.fail("apply", err)
+			return nftmodel.Stats{}, b.fail("apply", err)
 		}
 	}
 	fill := b.steps
@@ -180,7 +91,7 @@ func applyOnce(conn *Conn, rs *Ruleset, guarded bool, others []string) (Stats, e
 
 	k, err := readTable(conn, b.table)
 	if err != nil {
-		return Stats{}, b.fail("apply", err)
+		return nftmodel.Stats{}, b.fail("apply", err)
 	}
 	b.reconcile(k, rs)
 	b.steps = append(b.steps, fill...)
@@ -210,7 +121,7 @@ type tableState struct {
 // Generation returns the namespace's ruleset generation, which every
 // nftables commit there increments.
 func Generation(conn *Conn) (uint32, error) {
-	gen, err := conn.GetGen()
+	gen, err := conn.lib.GetGen()
 	if err != nil {
 		return 0, fmt.Errorf("get ruleset generation: %w", err)
 	}
@@ -225,7 +136,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		return nil, err
 	}
 	k := &tableState{gen: gen}
-	kt, err := conn.ListTableOfFamily(t.Name, t.Family)
+	kt, err := conn.lib.ListTableOfFamily(t.Name, t.Family)
 	if errors.Is(err, unix.ENOENT) {
 		return k, nil // no such table
 	}
@@ -233,7 +144,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		return nil, fmt.Errorf("get table: %w", err)
 	}
 	k.flags = kt.Flags
-	sets, err := conn.GetSets(t)
+	sets, err := conn.lib.GetSets(t)
 	if errors.Is(err, unix.ENOENT) {
 		return &tableState{gen: gen}, nil // gone since; the generation will tell
 	}
@@ -247,7 +158,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		}
 	}
 	// The kernel dumps the chains of every table of the family.
-	chains, err := conn.ListChainsOfTableFamily(t.Family)
+	chains, err := conn.lib.ListChainsOfTableFamily(t.Family)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -269,7 +180,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 const boundChainPrefix = "__chain"
 
 // reconcile plans steps 1 to 5 of Apply; the sets of rs must be declared.
-func (b *batch) reconcile(k *tableState, rs *Ruleset) {
+func (b *batch) reconcile(k *tableState, rs *nftmodel.Ruleset) {
 	b.addTable()
 	if k.flags != 0 {
 		// Someone set flags on the table (dormant, most likely). Adding
@@ -284,7 +195,7 @@ func (b *batch) reconcile(k *tableState, rs *Ruleset) {
 		b.flushTable()
 	}
 	keepSets := map[string]bool{}
-	wantSets := make(map[string]*Set, len(rs.Sets))
+	wantSets := make(map[string]*nftmodel.Set, len(rs.Sets))
 	for _, s := range rs.Sets {
 		wantSets[s.Name] = s
 	}
@@ -304,7 +215,7 @@ func (b *batch) reconcile(k *tableState, rs *Ruleset) {
 		keepSets[ks.Name] = true
 	}
 	keepChains := map[string]bool{}
-	wantChains := make(map[string]*Chain, len(rs.Chains))
+	wantChains := make(map[string]*nftmodel.Chain, len(rs.Chains))
 	for _, c := range rs.Chains {
 		wantChains[c.Name] = c
 	}
@@ -350,7 +261,7 @@ func sameSet(k, want *nftables.Set) bool {
 
 // sameChain tells whether the kernel's chain k is c's kind of chain: regular,
 // or a base chain on the same hook with the same type, priority and policy.
-func sameChain(k *nftables.Chain, c *Chain) bool {
+func sameChain(k *nftables.Chain, c *nftmodel.Chain) bool {
 	if c.Base == nil {
 		return k.Hooknum == nil
 	}
@@ -367,28 +278,28 @@ func sameChain(k *nftables.Chain, c *Chain) bool {
 // Changes name the sets whose elements change but not their types, which the
 // element encoding needs; the types of sets that c does not add are read from
 // the kernel (one request per set) before the batch is built.
-func ApplyChanges(conn *Conn, family Family, table string, c *Changes) (Stats, error) {
+func ApplyChanges(conn *Conn, family nftmodel.Family, table string, c *nftmodel.Changes) (nftmodel.Stats, error) {
 	b := newBatch(conn, family, table)
 	for _, s := range c.AddSets {
 		if err := b.addSet(s); err != nil {
-			return Stats{}, b.fail("apply changes to", err)
+			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}
 	if err := b.learnSets(c); err != nil {
-		return Stats{}, b.fail("apply changes to", err)
+		return nftmodel.Stats{}, b.fail("apply changes to", err)
 	}
 	for _, ch := range c.AddChains {
 		b.addChain(ch)
 	}
 	for _, se := range c.DelElements {
 		if err := b.delElements(se.Set, se.Elements); err != nil {
-			return Stats{}, b.fail("apply changes to", err)
+			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}
 	for _, ch := range c.RewriteChains {
 		b.flushChain(ch.Name)
 		if err := b.addRules(ch); err != nil {
-			return Stats{}, b.fail("apply changes to", err)
+			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}
 	// Rules of chains about to go may jump to each other: empty them all
@@ -398,12 +309,12 @@ func ApplyChanges(conn *Conn, family Family, table string, c *Changes) (Stats, e
 	}
 	for _, s := range c.AddSets {
 		if err := b.addElements(s.Name, s.Elements); err != nil {
-			return Stats{}, b.fail("apply changes to", err)
+			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}
 	for _, se := range c.AddElements {
 		if err := b.addElements(se.Set, se.Elements); err != nil {
-			return Stats{}, b.fail("apply changes to", err)
+			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}
 	for _, name := range c.DelSets {
@@ -417,7 +328,7 @@ func ApplyChanges(conn *Conn, family Family, table string, c *Changes) (Stats, e
 
 // Delete removes the table (family, name) with everything in it, if it
 // exists, in one batch.
-func Delete(conn *Conn, family Family, table string) error {
+func Delete(conn *Conn, family nftmodel.Family, table string) error {
 	b := newBatch(conn, family, table)
 	b.addTable() // so that the deletion can't fail with ENOENT
 	b.delTable()

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"context"
@@ -7,19 +7,9 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
-)
 
-// Event is one nftables notification: an object a commit in the namespace
-// added or deleted, or the commit's new generation.
-type Event struct {
-	Type   uint16 // NFT_MSG_NEWTABLE … (unix.NFT_MSG_*), NFT_MSG_NEWGEN ends a commit
-	Family uint8  // the table's netfilter family (unix.NFPROTO_*)
-	Table  string // the table the object is in; empty for a generation
-	Port   uint32 // netlink port ID of the socket whose batch committed it
-	// Lost: the kernel dropped notifications, as the socket's buffer
-	// overflowed; which and whose is unknown.
-	Lost bool
-}
+	"github.com/nftproxy/nftproxy/nftmodel"
+)
 
 // monitorBuffer is the notification socket's receive buffer: a full sync
 // of 10,000 services notifies some 60,000 elements.
@@ -60,7 +50,7 @@ func (w *Watcher) Resume() error { return w.c.JoinGroup(unix.NFNLGRP_NFTABLES) }
 // Run calls fn with the events of each read, in order, until ctx ends,
 // and closes the subscription. It returns ctx's error, or why reading
 // failed.
-func (w *Watcher) Run(ctx context.Context, fn func([]Event)) error {
+func (w *Watcher) Run(ctx context.Context, fn func([]nftmodel.Event)) error {
 	c := w.c
 	defer func() { _ = c.Close() }()
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
@@ -71,12 +61,12 @@ func (w *Watcher) Run(ctx context.Context, fn func([]Event)) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, unix.ENOBUFS):
-			fn([]Event{{Lost: true}})
+			fn([]nftmodel.Event{{Lost: true}})
 			continue
 		case err != nil:
 			return fmt.Errorf("receive nftables notifications: %w", err)
 		}
-		events := make([]Event, 0, len(msgs))
+		events := make([]nftmodel.Event, 0, len(msgs))
 		for _, m := range msgs {
 			if e, ok := ParseEvent(m); ok {
 				events = append(events, e)
@@ -89,7 +79,7 @@ func (w *Watcher) Run(ctx context.Context, fn func([]Event)) error {
 }
 
 // Watch is NewWatcher and Run.
-func Watch(ctx context.Context, netnsFd int, fn func([]Event)) error {
+func Watch(ctx context.Context, netnsFd int, fn func([]nftmodel.Event)) error {
 	w, err := NewWatcher(netnsFd)
 	if err != nil {
 		return err
@@ -113,18 +103,18 @@ func setForcedReadBuffer(c *netlink.Conn, n int) error {
 
 // ParseEvent decodes an nftables notification; false when m is none (or is
 // malformed).
-func ParseEvent(m netlink.Message) (Event, bool) {
+func ParseEvent(m netlink.Message) (nftmodel.Event, bool) {
 	typ := uint16(m.Header.Type)
 	if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(m.Data) < 4 {
-		return Event{}, false
+		return nftmodel.Event{}, false
 	}
-	e := Event{Type: typ & 0xff, Family: m.Data[0], Port: m.Header.PID}
+	e := nftmodel.Event{Type: typ & 0xff, Family: m.Data[0], Port: m.Header.PID}
 	if e.Type == unix.NFT_MSG_NEWGEN {
 		return e, true
 	}
 	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
 	if err != nil {
-		return Event{}, false
+		return nftmodel.Event{}, false
 	}
 	// Attribute 1 names the table in the messages of every object kind:
 	// NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE,
@@ -136,21 +126,7 @@ func ParseEvent(m netlink.Message) (Event, bool) {
 		}
 	}
 	if ad.Err() != nil || e.Table == "" {
-		return Event{}, false
+		return nftmodel.Event{}, false
 	}
 	return e, true
 }
-
-// FamilyOf returns the model's family of a netfilter family number.
-func FamilyOf(nfproto uint8) (Family, bool) {
-	switch nfproto {
-	case unix.NFPROTO_IPV4:
-		return IPv4, true
-	case unix.NFPROTO_IPV6:
-		return IPv6, true
-	}
-	return 0, false
-}
-
-// EventNewGen is the Type of the event ending each commit.
-const EventNewGen = unix.NFT_MSG_NEWGEN

@@ -1,4 +1,4 @@
-package nftmodel
+package nftnl
 
 import (
 	"errors"
@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // The kernel tests need root and create their own network namespaces; they
@@ -29,7 +30,7 @@ func nftNS(t *testing.T) (*netns.NS, *Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.CloseLasting() })
+	t.Cleanup(func() { _ = conn.Close() })
 	return ns, conn
 }
 
@@ -46,7 +47,7 @@ func loadText(t *testing.T, ns *netns.NS, text string) {
 }
 
 // listTable returns what `nft list table` prints for the ruleset's table.
-func listTable(t *testing.T, ns *netns.NS, rs *Ruleset) string {
+func listTable(t *testing.T, ns *netns.NS, rs *nftmodel.Ruleset) string {
 	t.Helper()
 	out, err := ns.Exec("nft", "list", "table", rs.Family.String(), rs.Table)
 	if err != nil {
@@ -60,9 +61,9 @@ func listTable(t *testing.T, ns *netns.NS, rs *Ruleset) string {
 // applied over netlink in another, list identically, and both list exactly
 // as Render printed.
 func TestDifferential(t *testing.T) {
-	for _, rs := range []*Ruleset{fullRuleset(), full6Ruleset(), bigSetRuleset(1200)} {
+	for _, rs := range []*nftmodel.Ruleset{fullRuleset(), full6Ruleset(), bigSetRuleset(1200)} {
 		t.Run(rs.Family.String()+"/"+rs.Table, func(t *testing.T) {
-			text := Render(rs)
+			text := nftmodel.Render(rs)
 			nsText, _ := nftNS(t)
 			loadText(t, nsText, text)
 			fromText := listTable(t, nsText, rs)
@@ -87,7 +88,7 @@ func TestDifferential(t *testing.T) {
 			if err != nil {
 				t.Fatalf("read the table back: %v", err)
 			}
-			if d := gocmp.Diff(text, Render(read)); d != "" {
+			if d := gocmp.Diff(text, nftmodel.Render(read)); d != "" {
 				t.Errorf("table read back (-render +read):\n%s", d)
 			}
 
@@ -105,32 +106,32 @@ func TestDifferential(t *testing.T) {
 // changedRuleset edits fullRuleset in every way Diff can express: elements
 // added, removed and changed, a chain added and one removed, chains
 // rewritten, a set added and one removed.
-func changedRuleset() *Ruleset {
+func changedRuleset() *nftmodel.Ruleset {
 	rs := fullRuleset()
 	for _, s := range rs.Sets {
 		switch s.Name {
 		case "service-ips":
-			s.Elements = slices.DeleteFunc(s.Elements, func(e Element) bool { return e.Verdict.Kind == Drop })
+			s.Elements = slices.DeleteFunc(s.Elements, func(e nftmodel.Element) bool { return e.Verdict.Kind == nftmodel.Drop })
 			s.Elements[0].Comment = "default/web:http renamed"
-			s.Elements = append(s.Elements, Element{Key: nlKey("10.96.0.20", 6, 8443), Comment: "default/new:https", Verdict: nlGoto("svc-new")})
+			s.Elements = append(s.Elements, nftmodel.Element{Key: nlKey("10.96.0.20", 6, 8443), Comment: "default/new:https", Verdict: nlGoto("svc-new")})
 		case "endpoints":
-			s.Elements[1].Data = []Value{A(ip("10.244.2.4")), N(5353)}
+			s.Elements[1].Data = []nftmodel.Value{nftmodel.A(ip("10.244.2.4")), nftmodel.N(5353)}
 		}
 	}
-	rs.Sets = slices.DeleteFunc(rs.Sets, func(s *Set) bool { return s.Name == "protos" })
-	rs.Sets = append(rs.Sets, &Set{Name: "new-set", Key: []DataType{TypeIPv4Addr}, Elements: []Element{{Key: []Value{A(ip("10.1.2.3"))}, Comment: "new"}}})
-	rs.Chains = slices.DeleteFunc(rs.Chains, func(c *Chain) bool { return c.Name == "ep-web-3" || c.Name == "empty" })
+	rs.Sets = slices.DeleteFunc(rs.Sets, func(s *nftmodel.Set) bool { return s.Name == "protos" })
+	rs.Sets = append(rs.Sets, &nftmodel.Set{Name: "new-set", Key: []nftmodel.DataType{nftmodel.TypeIPv4Addr}, Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(ip("10.1.2.3"))}, Comment: "new"}}})
+	rs.Chains = slices.DeleteFunc(rs.Chains, func(c *nftmodel.Chain) bool { return c.Name == "ep-web-3" || c.Name == "empty" })
 	for _, c := range rs.Chains {
 		switch c.Name {
 		case "svc-web":
-			c.Rules[1] = Rule{Exprs: []Expr{NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}}}, Comment: "default/web:http"}
+			c.Rules[1] = nftmodel.Rule{Exprs: []nftmodel.Expr{nftmodel.NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}}}, Comment: "default/web:http"}
 		case "services":
-			c.Rules[4] = Rule{Exprs: []Expr{MatchSet{Key: []Field{FieldDaddr}, Set: "new-set"}, Verdict{Kind: Accept}}, Comment: "sets"}
+			c.Rules[4] = nftmodel.Rule{Exprs: []nftmodel.Expr{nftmodel.MatchSet{Key: []nftmodel.Field{nftmodel.FieldDaddr}, Set: "new-set"}, nftmodel.Verdict{Kind: nftmodel.Accept}}, Comment: "sets"}
 		}
 	}
 	rs.Chains = append(rs.Chains,
-		&Chain{Name: "svc-new", Rules: []Rule{nlRule(NumgenGoto{Chains: []string{"ep-new"}})}},
-		&Chain{Name: "ep-new", Rules: []Rule{nlRule(DNAT{Proto: 6, Addr: ip("10.244.3.1"), Port: 8443})}},
+		&nftmodel.Chain{Name: "svc-new", Rules: []nftmodel.Rule{nlRule(nftmodel.NumgenGoto{Chains: []string{"ep-new"}})}},
+		&nftmodel.Chain{Name: "ep-new", Rules: []nftmodel.Rule{nlRule(nftmodel.DNAT{Proto: 6, Addr: ip("10.244.3.1"), Port: 8443})}},
 	)
 	return rs
 }
@@ -139,10 +140,10 @@ func changedRuleset() *Ruleset {
 // changed from applied: objects that already existed stay in applied's order
 // and new ones come after them, in the order they were added. Render of the
 // result is what `nft list table` prints after ApplyChanges.
-func kernelOrder(applied, desired *Ruleset) *Ruleset {
+func kernelOrder(applied, desired *nftmodel.Ruleset) *nftmodel.Ruleset {
 	out := *desired
-	out.Sets = orderLike(applied.Sets, desired.Sets, func(s *Set) string { return s.Name })
-	out.Chains = orderLike(applied.Chains, desired.Chains, func(c *Chain) string { return c.Name })
+	out.Sets = orderLike(applied.Sets, desired.Sets, func(s *nftmodel.Set) string { return s.Name })
+	out.Chains = orderLike(applied.Chains, desired.Chains, func(c *nftmodel.Chain) string { return c.Name })
 	return &out
 }
 
@@ -174,19 +175,19 @@ func orderLike[T any](old, now []T, name func(T) string) []T {
 func TestApplyChanges(t *testing.T) {
 	tests := []struct {
 		name     string
-		from, to *Ruleset
+		from, to *nftmodel.Ruleset
 	}{
 		{name: "every kind of change", from: fullRuleset(), to: changedRuleset()},
 		{name: "and back", from: changedRuleset(), to: fullRuleset()},
-		{name: "one endpoint changes", from: bigSetRuleset(1200), to: func() *Ruleset {
+		{name: "one endpoint changes", from: bigSetRuleset(1200), to: func() *nftmodel.Ruleset {
 			rs := bigSetRuleset(1200)
-			rs.Sets[0].Elements[600].Data = []Value{A(ip("10.244.99.99")), N(9090)}
+			rs.Sets[0].Elements[600].Data = []nftmodel.Value{nftmodel.A(ip("10.244.99.99")), nftmodel.N(9090)}
 			return rs
 		}()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			changes, ok := Diff(tt.from, tt.to)
+			changes, ok := nftmodel.Diff(tt.from, tt.to)
 			if !ok {
 				t.Fatal("Diff: not incremental")
 			}
@@ -197,7 +198,7 @@ func TestApplyChanges(t *testing.T) {
 			if _, err := ApplyChanges(conn, tt.to.Family, tt.to.Table, &changes); err != nil {
 				t.Fatal(err)
 			}
-			want := Render(kernelOrder(tt.from, tt.to))
+			want := nftmodel.Render(kernelOrder(tt.from, tt.to))
 			if d := gocmp.Diff(want, listTable(t, ns, tt.to)); d != "" {
 				t.Errorf("listing after ApplyChanges (-want +got):\n%s", d)
 			}
@@ -216,7 +217,7 @@ func TestApplyErrorNamesObject(t *testing.T) {
 	before := listTable(t, ns, rs)
 
 	bad := fullRuleset()
-	bad.Chains[len(bad.Chains)-1].Rules = []Rule{nlRule(nlJump("no-such-chain"))}
+	bad.Chains[len(bad.Chains)-1].Rules = []nftmodel.Rule{nlRule(nlJump("no-such-chain"))}
 	_, err := Apply(conn, bad)
 	if err == nil {
 		t.Fatal("Apply with a jump to a missing chain succeeded")
@@ -263,10 +264,10 @@ func TestApplyLargeBatch(t *testing.T) {
 	_, conn := nftNS(t)
 	const elements, rules = 60000, 10000
 	rs := bigSetRuleset(elements)
-	c := &Chain{Name: "many-rules"}
+	c := &nftmodel.Chain{Name: "many-rules"}
 	for i := range rules {
 		addr := ip(fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255))
-		c.Rules = append(c.Rules, Rule{Exprs: []Expr{DNAT{Proto: 6, Addr: addr, Port: 8080}}, Comment: fmt.Sprintf("namespace-%d/service-%d:http", i, i)})
+		c.Rules = append(c.Rules, nftmodel.Rule{Exprs: []nftmodel.Expr{nftmodel.DNAT{Proto: 6, Addr: addr, Port: 8080}}, Comment: fmt.Sprintf("namespace-%d/service-%d:http", i, i)})
 	}
 	rs.Chains = append(rs.Chains, c)
 	stats, err := Apply(conn, rs)
@@ -277,14 +278,14 @@ func TestApplyLargeBatch(t *testing.T) {
 		t.Errorf("stats = %+v", stats)
 	}
 	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
-	got, err := conn.GetSetElements(&nftables.Set{Table: table, Name: "endpoints"})
+	got, err := conn.lib.GetSetElements(&nftables.Set{Table: table, Name: "endpoints"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != elements {
 		t.Errorf("kernel holds %d elements, want %d", len(got), elements)
 	}
-	kernelRules, err := conn.GetRules(table, &nftables.Chain{Name: c.Name, Table: table})
+	kernelRules, err := conn.lib.GetRules(table, &nftables.Chain{Name: c.Name, Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,14 +304,14 @@ func nft(t *testing.T, ns *netns.NS, args ...string) {
 
 // setKeys returns the first key part of every element the kernel holds in
 // the named set, whose key must start with an address.
-func setKeys(t *testing.T, conn *Conn, rs *Ruleset, set string) []netip.Addr {
+func setKeys(t *testing.T, conn *Conn, rs *nftmodel.Ruleset, set string) []netip.Addr {
 	t.Helper()
 	table := &nftables.Table{Name: rs.Table, Family: nftables.TableFamilyIPv4}
 	size := 4
-	if rs.Family == IPv6 {
+	if rs.Family == nftmodel.IPv6 {
 		table.Family, size = nftables.TableFamilyIPv6, 16
 	}
-	els, err := conn.GetSetElements(&nftables.Set{Table: table, Name: set})
+	els, err := conn.lib.GetSetElements(&nftables.Set{Table: table, Name: set})
 	if err != nil {
 		t.Fatalf("get elements of set %s: %v", set, err)
 	}
@@ -326,10 +327,10 @@ func setKeys(t *testing.T, conn *Conn, rs *Ruleset, set string) []netip.Addr {
 // Apply over a table that held applied: sets and chains that stayed keep
 // applied's order, and the new and recreated ones (named in recreated)
 // follow in desired's order.
-func afterFullApply(applied, desired *Ruleset, recreated ...string) *Ruleset {
+func afterFullApply(applied, desired *nftmodel.Ruleset, recreated ...string) *nftmodel.Ruleset {
 	stayed := *applied
-	stayed.Sets = slices.DeleteFunc(slices.Clone(applied.Sets), func(s *Set) bool { return slices.Contains(recreated, s.Name) })
-	stayed.Chains = slices.DeleteFunc(slices.Clone(applied.Chains), func(c *Chain) bool { return slices.Contains(recreated, c.Name) })
+	stayed.Sets = slices.DeleteFunc(slices.Clone(applied.Sets), func(s *nftmodel.Set) bool { return slices.Contains(recreated, s.Name) })
+	stayed.Chains = slices.DeleteFunc(slices.Clone(applied.Chains), func(c *nftmodel.Chain) bool { return slices.Contains(recreated, c.Name) })
 	return kernelOrder(&stayed, desired)
 }
 
@@ -338,7 +339,7 @@ func afterFullApply(applied, desired *Ruleset, recreated ...string) *Ruleset {
 // path put in the timeout sets (session affinity) where they are.
 func TestApplyAgainKeepsAffinity(t *testing.T) {
 	tests := []struct {
-		rs     *Ruleset
+		rs     *nftmodel.Ruleset
 		client string // put in the set "affinity" between the two Applies
 	}{
 		{fullRuleset(), "10.0.0.1"},
@@ -400,7 +401,7 @@ func TestApplyRepairsDrift(t *testing.T) {
 			name: "objects",
 			drift: func(t *testing.T, ns *netns.NS, conn *Conn, T string) {
 				table := &nftables.Table{Name: T, Family: nftables.TableFamilyIPv4}
-				rules, err := conn.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
+				rules, err := conn.lib.GetRules(table, &nftables.Chain{Table: table, Name: "masquerading"})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -440,7 +441,7 @@ func TestApplyRepairsDrift(t *testing.T) {
 			if _, err := Apply(conn, rs); err != nil {
 				t.Fatal(err)
 			}
-			want := Render(afterFullApply(rs, rs, tt.recreated...))
+			want := nftmodel.Render(afterFullApply(rs, rs, tt.recreated...))
 			if d := gocmp.Diff(want, listTable(t, ns, rs)); d != "" {
 				t.Errorf("listing after repair (-want +got):\n%s", d)
 			}
@@ -454,16 +455,16 @@ func TestApplyModelChange(t *testing.T) {
 	ns, conn := nftNS(t)
 	from := fullRuleset()
 	to := fullRuleset()
-	to.Chains = slices.DeleteFunc(to.Chains, func(c *Chain) bool { return c.Name == "ep-web-3" || c.Name == "reject-chain" })
-	to.Sets = slices.DeleteFunc(to.Sets, func(s *Set) bool { return s.Name == "empty-map" })
-	to.Sets = append(to.Sets, &Set{Name: "new-set", Key: []DataType{TypeInetService}, Elements: []Element{{Key: []Value{N(8)}}}})
+	to.Chains = slices.DeleteFunc(to.Chains, func(c *nftmodel.Chain) bool { return c.Name == "ep-web-3" || c.Name == "reject-chain" })
+	to.Sets = slices.DeleteFunc(to.Sets, func(s *nftmodel.Set) bool { return s.Name == "empty-map" })
+	to.Sets = append(to.Sets, &nftmodel.Set{Name: "new-set", Key: []nftmodel.DataType{nftmodel.TypeInetService}, Elements: []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.N(8)}}}})
 	for _, s := range to.Sets {
 		switch s.Name {
 		case "service-ips": // its jump to reject-chain goes
-			s.Elements[2].Verdict = &Verdict{Kind: Drop}
+			s.Elements[2].Verdict = &nftmodel.Verdict{Kind: nftmodel.Drop}
 		case "ports": // unused by rules: another type
-			s.Key = []DataType{TypeIPv4Addr, TypeInetService}
-			s.Elements = []Element{{Key: []Value{A(ip("10.1.1.1")), N(80)}}}
+			s.Key = []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetService}
+			s.Elements = []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(ip("10.1.1.1")), nftmodel.N(80)}}}
 		case "affinity-ports": // another timeout
 			s.Timeout = time.Hour
 		}
@@ -473,12 +474,12 @@ func TestApplyModelChange(t *testing.T) {
 		case "nat-postrouting":
 			c.Base.Priority = 110
 		case "filter-output":
-			c.Rules = []Rule{nlRule(Verdict{Kind: Accept})}
+			c.Rules = []nftmodel.Rule{nlRule(nftmodel.Verdict{Kind: nftmodel.Accept})}
 		case "svc-web":
-			c.Rules[1] = nlRule(NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}})
+			c.Rules[1] = nlRule(nftmodel.NumgenGoto{Chains: []string{"ep-web-1", "ep-web-2"}})
 		}
 	}
-	to.Chains = append(to.Chains, &Chain{Name: "new-chain", Rules: []Rule{nlRule(Verdict{Kind: Return})}})
+	to.Chains = append(to.Chains, &nftmodel.Chain{Name: "new-chain", Rules: []nftmodel.Rule{nlRule(nftmodel.Verdict{Kind: nftmodel.Return})}})
 
 	if _, err := Apply(conn, from); err != nil {
 		t.Fatal(err)
@@ -493,7 +494,7 @@ func TestApplyModelChange(t *testing.T) {
 		t.Errorf("affinity-ports holds %v after its timeout changed, want nothing", got)
 	}
 	nft(t, ns, "delete", "element", "ip", from.Table, "affinity", "{ 10.0.0.1 }")
-	want := Render(afterFullApply(from, to, "ports", "affinity-ports", "nat-postrouting"))
+	want := nftmodel.Render(afterFullApply(from, to, "ports", "affinity-ports", "nat-postrouting"))
 	if d := gocmp.Diff(want, listTable(t, ns, to)); d != "" {
 		t.Errorf("listing after the model changed (-want +got):\n%s", d)
 	}
@@ -504,17 +505,17 @@ func TestApplyModelChange(t *testing.T) {
 // ERESTART, and applies none of it.
 func TestStaleGenerationRefused(t *testing.T) {
 	ns, conn := nftNS(t)
-	gen, err := conn.GetGen()
+	gen, err := conn.lib.GetGen()
 	if err != nil {
 		t.Fatal(err)
 	}
 	nft(t, ns, "add", "table", "ip", "someone-else")
-	b := newBatch(conn, IPv4, "mine")
+	b := newBatch(conn, nftmodel.IPv4, "mine")
 	b.addTable()
 	if _, err := b.send("apply", gen.ID); !errors.Is(err, unix.ERESTART) {
 		t.Fatalf("batch with a stale generation: got %v, want ERESTART", err)
 	}
-	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	tables, err := conn.lib.ListTablesOfFamily(nftables.TableFamilyIPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,8 +531,8 @@ func TestStaleGenerationRefused(t *testing.T) {
 // the sets of both fixtures that have a typeof are created with `nft -f`,
 // and their user data is read back raw from the kernel.
 func TestTypeofUserDataMatchesNft(t *testing.T) {
-	for _, full := range []*Ruleset{fullRuleset(), full6Ruleset()} {
-		rs := &Ruleset{Family: full.Family, Table: full.Table}
+	for _, full := range []*nftmodel.Ruleset{fullRuleset(), full6Ruleset()} {
+		rs := &nftmodel.Ruleset{Family: full.Family, Table: full.Table}
 		for _, s := range full.Sets {
 			if s.Typeof != nil {
 				rs.Sets = append(rs.Sets, s)
@@ -539,7 +540,7 @@ func TestTypeofUserDataMatchesNft(t *testing.T) {
 		}
 		t.Run(rs.Family.String(), func(t *testing.T) {
 			ns, _ := nftNS(t)
-			loadText(t, ns, Render(rs))
+			loadText(t, ns, nftmodel.Render(rs))
 			stored := rawSetUserData(t, ns, rs.Family, rs.Table)
 			for _, s := range rs.Sets {
 				want, err := typeofUserData(rs.Family, s)
@@ -556,13 +557,13 @@ func TestTypeofUserDataMatchesNft(t *testing.T) {
 
 // rawSetUserData returns each set's NFTA_SET_USERDATA as the kernel stores
 // it (setUserData, which Read uses).
-func rawSetUserData(t *testing.T, ns *netns.NS, f Family, table string) map[string][]byte {
+func rawSetUserData(t *testing.T, ns *netns.NS, f nftmodel.Family, table string) map[string][]byte {
 	t.Helper()
 	conn, err := Dial(ns.Fd())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() { _ = conn.Close() }()
 	out, err := setUserData(conn, f, table)
 	if err != nil {
 		t.Fatal(err)
@@ -586,14 +587,14 @@ func TestReadRefusesWhatTheModelLacks(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			loadText(t, ns, tt.text)
-			defer func() { _ = Delete(conn, IPv4, "t") }()
-			_, err := Read(conn, IPv4, "t")
+			defer func() { _ = Delete(conn, nftmodel.IPv4, "t") }()
+			_, err := Read(conn, nftmodel.IPv4, "t")
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Read: %v, want an error containing %q", err, tt.want)
 			}
 		})
 	}
-	if _, err := Read(conn, IPv4, "missing"); !errors.Is(err, ErrNoTable) {
+	if _, err := Read(conn, nftmodel.IPv4, "missing"); !errors.Is(err, ErrNoTable) {
 		t.Errorf("Read of a missing table: %v, want ErrNoTable", err)
 	}
 }

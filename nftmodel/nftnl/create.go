@@ -1,0 +1,53 @@
+package nftnl
+
+import (
+	"github.com/google/nftables"
+
+	"github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// Create adds the table rs describes, which must not exist, with everything
+// in it, in one batch and without reading the kernel first: what Apply sends
+// into a table that doesn't exist, in the same order. With owned, the table
+// belongs to the connection's batch socket (Linux 5.12; older kernels refuse
+// the flag): the kernel deletes it when that socket closes, and refuses
+// changes to it from any other. The kernel feature probes (package
+// features) program their throwaway tables this way.
+func Create(conn *Conn, rs *nftmodel.Ruleset, owned bool) error {
+	b := newBatch(conn, rs.Family, rs.Table)
+	if owned {
+		b.table.Flags = nftables.TableFlagOwner
+	}
+	b.addTable()
+	for _, s := range rs.Sets {
+		if err := b.addSet(s); err != nil {
+			return b.fail("create", err)
+		}
+	}
+	for _, c := range rs.Chains {
+		b.addChain(c)
+	}
+	for _, s := range rs.Sets {
+		if err := b.addElements(s.Name, s.Elements); err != nil {
+			return b.fail("create", err)
+		}
+	}
+	for _, c := range rs.Chains {
+		if err := b.addRules(c); err != nil {
+			return b.fail("create", err)
+		}
+	}
+	_, err := b.send("create", 0)
+	return err
+}
+
+// Drop deletes the table (family, name), which must exist, in one batch:
+// Create's undoing. (Delete adds the table first, so that a missing one is
+// no error; the kernel refuses that addition to an owned table, as it would
+// take the owner flag away.)
+func Drop(conn *Conn, family nftmodel.Family, table string) error {
+	b := newBatch(conn, family, table)
+	b.delTable()
+	_, err := b.send("drop", 0)
+	return err
+}

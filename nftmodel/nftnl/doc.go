@@ -1,0 +1,15 @@
+// Package nftnl is nftproxy's side of the kernel for nftables: it writes an
+// nftmodel ruleset, or the changes between two, as one netlink batch (Apply,
+// ApplyChanges), or a new table without reading the kernel first (Create,
+// for the feature probes, and Drop), reads a table back into the model
+// (Read), and reports the namespace's nftables notifications (Watch).
+//
+// google/nftables encodes tables, chains, rules and sets (captured without
+// sending, see libEncoder), set elements are encoded straight into the
+// batch's one buffer (wire.go), which goes out in a single sendmsg.
+//
+// Everything works on a Conn from the caller (Dial): it reads the kernel's
+// state through the library and sends batches on a socket it keeps in the
+// same network namespace, so tests point it at a namespace of their own, or
+// at a test dialer. The library's connection stays inside the Conn.
+package nftnl
