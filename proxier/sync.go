@@ -466,14 +466,18 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 }
 
 // countNoLocal brings the no-local-endpoints counts to the sync's state:
-// from the whole snapshot when the sync has one, else along the changes.
+// along the changed ports, as the counts follow the last sync's ports; from
+// the whole state on a full sync, the first one, or when the node's name,
+// which tells the local endpoints, changed.
 func (p *Proxier) countNoLocal(in *syncInput) {
+	rebuild := in.full || p.ports == nil || p.node.Name != in.node.Name
 	for _, cfg := range p.opts.Configs {
 		c := p.noLocal[cfg.Family]
-		if in.snap != nil {
+		if rebuild {
+			snap := in.snapshot(p.ports)
 			*c = noLocalCounts{}
-			for i := range in.snap.Services {
-				sp := &in.snap.Services[i]
+			for i := range snap.Services {
+				sp := &snap.Services[i]
 				c.set(sp.Name, noLocalOf(sp, &in.node, cfg))
 			}
 			continue
