@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,10 +21,7 @@ func TestClientMetrics(t *testing.T) {
 		_, _ = w.Write([]byte(`{"major":"1","minor":"36","gitVersion":"v1.36.3"}`))
 	}))
 	defer srv.Close()
-	cm := NewClientMetrics()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(cm.Collectors()...)
-	RegisterClientMetrics(cm)
+	cm, reg := testClientMetrics()
 	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
 	if err != nil {
 		t.Fatal(err)
@@ -35,10 +33,21 @@ func TestClientMetrics(t *testing.T) {
 	if got := testutil.ToFloat64(cm.Requests.WithLabelValues("200", "GET", u.Host)); got != 1 {
 		t.Errorf("rest_client_requests_total{code=200,method=GET,host=%s} = %v, want 1", u.Host, got)
 	}
-	for name, want := range map[string]int{"rest_client_request_duration_seconds": 1, "rest_client_response_size_bytes": 1,
-		"rest_client_rate_limiter_duration_seconds": 1, "rest_client_requests_total": 1} {
-		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != want {
-			t.Errorf("%s: %d series (%v), want %d", name, n, err, want)
+	for _, name := range []string{"rest_client_request_duration_seconds", "rest_client_response_size_bytes",
+		"rest_client_rate_limiter_duration_seconds", "rest_client_requests_total"} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n == 0 {
+			t.Errorf("%s: %d series (%v), want the request's", name, n, err)
 		}
 	}
 }
+
+// testClientMetrics registers client-go's adapters once per test binary,
+// as client-go takes one set per process; each run of TestClientMetrics
+// asks a server of its own, so its host label tells its series apart.
+var testClientMetrics = sync.OnceValues(func() (*ClientMetrics, *prometheus.Registry) {
+	cm := NewClientMetrics()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(cm.Collectors()...)
+	RegisterClientMetrics(cm)
+	return cm, reg
+})
