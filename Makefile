@@ -36,7 +36,7 @@ FUZZTIME ?= 1m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTracker$$' -fuzztime $(FUZZTIME) ./k8s/
 	$(GO) test -run '^$$' -fuzz '^FuzzManifests$$' -fuzztime $(FUZZTIME) ./k8s/
-	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(FUZZTIME) ./nftmodel/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(FUZZTIME) ./nftmodel/nftnl/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompileKernel$$' -fuzztime $(FUZZTIME) ./proxier/
 
 # Only what needs neither root nor a built API server.

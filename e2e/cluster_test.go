@@ -210,6 +210,7 @@ type clusterScenario struct {
 	relay      *netns.Relay
 	kubeconfig string
 	args       []string
+	daemonEnv  []string // nftproxy's environment; nil: the test's
 	d          *Daemon
 	ctx        context.Context
 }
@@ -249,7 +250,7 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 // the test ends) and waits for its first sync.
 func (s *clusterScenario) startDaemon() {
 	s.t.Helper()
-	d, err := Start(s.topo.Node, binary, s.args...)
+	d, err := StartWithEnv(s.topo.Node, s.daemonEnv, binary, s.args...)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -753,7 +754,7 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 		}
 	})
 	// A daemon stopped before it could sync exits cleanly and leaves the rules.
-	d, err := Start(s.topo.Node, binary, s.args...)
+	d, err := StartWithEnv(s.topo.Node, s.daemonEnv, binary, s.args...)
 	if err != nil {
 		t.Fatal(err)
 	}

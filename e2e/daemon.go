@@ -41,14 +41,24 @@ type Daemon struct {
 
 // Start runs `nftproxy run args...` inside ns (through `ip netns exec`).
 func Start(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
-	return StartCommand(ns, binary, append([]string{"run"}, args...)...)
+	return StartWithEnv(ns, nil, binary, args...)
+}
+
+// StartWithEnv is Start with the daemon's environment env (nil: the test's).
+func StartWithEnv(ns *netns.NS, env []string, binary string, args ...string) (*Daemon, error) {
+	return startCommand(ns, env, binary, append([]string{"run"}, args...)...)
 }
 
 // StartCommand runs any program inside ns (the reference kube-proxy, or
 // nftproxy with a subcommand of its own), collecting its log like Start.
 func StartCommand(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
+	return startCommand(ns, nil, binary, args...)
+}
+
+func startCommand(ns *netns.NS, env []string, binary string, args ...string) (*Daemon, error) {
 	d := &Daemon{ns: ns, done: make(chan struct{})}
 	d.cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name(), binary}, args...)...)
+	d.cmd.Env = env
 	d.cmd.Stdout = d
 	d.cmd.Stderr = d
 	// The daemon must not outlive the test or demo that started it.

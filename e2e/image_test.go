@@ -186,8 +186,11 @@ func unpackLayer(root, mediaType string, b []byte) error {
 
 // TestImage builds the image with `make image` (buildah, an OCI archive),
 // unpacks the archive with nothing but archive/tar, checks the entrypoint is
-// a static binary, and runs `nftproxy run --manifests` from the unpacked
-// root in a test namespace: packets to a ClusterIP reach the pods.
+// a static binary, and runs `nftproxy run --manifests --cleanup-kube-proxy`
+// from the unpacked root, with no iptables tool on its PATH, in a test
+// namespace holding kube-proxy's iptables-nft chains: they are gone after
+// the first sync, kubelet's and another program's stay, and packets to a
+// ClusterIP reach every pod (kube-proxy's rules sent them to one).
 func TestImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: building the image takes a while; -short leaves it out")
@@ -288,8 +291,20 @@ func TestImage(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc.yaml()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := Start(topo.Node, entry, "--manifests", dir, "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16",
-		"--healthz-bind-address", "", "--metrics-bind-address", "")
+	// kube-proxy's iptables-nft chains, left by a stopped kube-proxy in
+	// iptables mode, send the ClusterIP to the first pod only; kubelet's
+	// chains and another program's beside them. The image has no iptables
+	// tools: --cleanup-kube-proxy removes kube-proxy's over netlink.
+	_, haveIPTablesNFT := exec.LookPath("iptables-nft-restore")
+	if haveIPTablesNFT == nil {
+		restore := exec.Command("ip", "netns", "exec", topo.Node.Name(), "iptables-nft-restore")
+		restore.Stdin = strings.NewReader(fmt.Sprintf(imageKubeProxyRules, eps[0]))
+		if out, err := restore.CombinedOutput(); err != nil {
+			t.Fatalf("iptables-nft-restore: %v: %s", err, out)
+		}
+	}
+	d, err := StartWithEnv(topo.Node, []string{"PATH=" + t.TempDir()}, entry, "--manifests", dir, "--hostname-override", "node-1",
+		"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", "", "--cleanup-kube-proxy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +318,22 @@ func TestImage(t *testing.T) {
 	}()
 	if err := d.WaitSynced(ctx, 1); err != nil {
 		t.Fatal(err)
+	}
+	if haveIPTablesNFT == nil {
+		saved, err := topo.Node.Exec("iptables-nft-save")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, chain := range []string{":KUBE-SERVICES", ":KUBE-SVC-", ":KUBE-SEP-", ":KUBE-PROXY-CANARY", "-j KUBE-SERVICES"} {
+			if strings.Contains(saved, chain) {
+				t.Errorf("kube-proxy's %s left after the image's first sync:\n%s", chain, saved)
+			}
+		}
+		for _, chain := range []string{":KUBE-FIREWALL", ":KUBE-KUBELET-CANARY", ":OTHER", "-A INPUT -j KUBE-FIREWALL", "-A PREROUTING -j OTHER"} {
+			if !strings.Contains(saved, chain) {
+				t.Errorf("%s went with kube-proxy's chains:\n%s", chain, saved)
+			}
+		}
 	}
 	seen := map[string]bool{}
 	for range 20 {
@@ -318,3 +349,31 @@ func TestImage(t *testing.T) {
 		}
 	}
 }
+
+// imageKubeProxyRules is what kube-proxy's iptables mode and kubelet leave
+// for a ClusterIP 10.96.0.10:80 with one endpoint (%s, port 8080), beside
+// another program's chain.
+const imageKubeProxyRules = `*mangle
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+COMMIT
+*filter
+:KUBE-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+-A INPUT -j KUBE-FIREWALL
+-A OUTPUT -m conntrack --ctstate NEW -j KUBE-SERVICES
+COMMIT
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-LOLE4ISW44XBNF3G - [0:0]
+:KUBE-SEP-7GB5MCKFYLQ4EWGB - [0:0]
+:OTHER - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A PREROUTING -j OTHER
+-A OUTPUT -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-LOLE4ISW44XBNF3G
+-A KUBE-SVC-LOLE4ISW44XBNF3G -j KUBE-SEP-7GB5MCKFYLQ4EWGB
+-A KUBE-SEP-7GB5MCKFYLQ4EWGB -p tcp -m tcp -j DNAT --to-destination %[1]s:8080
+-A OTHER -s 192.0.2.0/24 -j RETURN
+COMMIT
+`

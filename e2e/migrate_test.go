@@ -9,17 +9,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/proxier/kubeproxy"
 )
 
 // kubeProxy is the real kube-proxy running in a node namespace.
@@ -97,22 +101,7 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 	env := os.Environ()
 	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok {
 		kpMode = "iptables"
-		links := filepath.Join(dir, "bin")
-		if err := os.Mkdir(links, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, fam := range []string{"iptables", "ip6tables"} {
-			for _, suffix := range []string{"", "-save", "-restore"} {
-				target, err := exec.LookPath(fam + "-" + backend + suffix)
-				if err != nil {
-					t.Skipf("skipping: %v", err)
-				}
-				if err := os.Symlink(target, filepath.Join(links, fam+suffix)); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		env = append(env, "PATH="+links+":"+os.Getenv("PATH"))
+		env = append(env, "PATH="+iptablesTools(t, backend)+":"+os.Getenv("PATH"))
 	}
 	cfg := filepath.Join(dir, "kube-proxy.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, kubeProxyConfig, kpMode, kubeconfig, clusterNode), 0o644); err != nil {
@@ -134,6 +123,43 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 		}
 	})
 	return k
+}
+
+// iptablesTools returns a directory in which iptables, iptables-save,
+// iptables-restore and the ip6tables ones are backend's ("nft" or
+// "legacy"), and nft is nft.
+func iptablesTools(t *testing.T, backend string) string {
+	t.Helper()
+	links := t.TempDir()
+	link := func(name, tool string) {
+		target, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("skipping: %v", err)
+		}
+		if err := os.Symlink(target, filepath.Join(links, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			link(fam+suffix, fam+"-"+backend+suffix)
+		}
+	}
+	link("nft", "nft")
+	return links
+}
+
+// kubeProxyCleanup runs kube-proxy's own `kube-proxy --cleanup` in ns, as
+// from its image: with the iptables tools of backend. Its PATH has nothing
+// else, so that it skips its IPVS clean-up (which starts with `modprobe
+// ip_vs`, a change to the host).
+func kubeProxyCleanup(t *testing.T, ns *netns.NS, bin, backend string) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns.Name(), bin, "--cleanup", "--v", "2")
+	cmd.Env = []string{"PATH=" + iptablesTools(t, backend)}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy --cleanup: %v:\n%s", err, out)
+	}
 }
 
 // adminKubeconfig writes a copy of the admin kubeconfig that goes through
@@ -178,6 +204,38 @@ func kubeProxyRules(t *testing.T, ns *netns.NS) string {
 				fmt.Fprintf(&b, "%s %s\n", tool, l)
 			}
 		}
+	}
+	return b.String()
+}
+
+// savedWithoutKubeProxy returns tool's iptables-save output in ns without
+// comment lines, counters, kube-proxy's chains, their rules and the rules
+// jumping or going to them: what removing kube-proxy's chains must leave
+// as it was.
+func savedWithoutKubeProxy(t *testing.T, ns *netns.NS, tool string) string {
+	t.Helper()
+	out, err := ns.Exec(tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := regexp.MustCompile(` \[\d+:\d+\]$`)
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(l, "#"):
+			continue
+		case strings.HasPrefix(l, ":") && kubeproxy.IsChain(f[0][1:]):
+			continue
+		case f[0] == "-A" && len(f) > 1:
+			if kubeproxy.IsChain(f[1]) {
+				continue
+			}
+			if i := max(slices.Index(f, "-j"), slices.Index(f, "-g")); i > 0 && i+1 < len(f) && kubeproxy.IsChain(f[i+1]) {
+				continue
+			}
+		}
+		fmt.Fprintln(&b, counters.ReplaceAllString(l, ""))
 	}
 	return b.String()
 }
@@ -240,10 +298,12 @@ func (p *prober) finish() (ok, fail int, gap time.Duration) {
 // API server) in a node namespace in nftables mode and in iptables mode on
 // both backends until a ClusterIP and a NodePort answer, opens a long-lived
 // connection through the NodePort, stops kube-proxy and starts nftproxy
-// with --cleanup-kube-proxy: kube-proxy's rules are gone, nftproxy's serve
-// the same Services, the connection still carries data, and new connections
-// (probed every 20 ms) never fail for more than one sync. Then the way back:
-// kube-proxy started again, `nftproxy cleanup`, traffic flows.
+// with --cleanup-kube-proxy (with no iptables tool on its PATH, as in its
+// image, but for the legacy backend): kube-proxy's rules are gone,
+// nftproxy's serve the same Services, the connection still carries data,
+// and new connections (probed every 20 ms) never fail for more than one
+// sync. Then the way back: kube-proxy started again, `nftproxy cleanup`,
+// traffic flows.
 func TestMigrateFromKubeProxy(t *testing.T) {
 	if binary == "" {
 		t.Skip("needs root and network namespaces: " + netns.Usable())
@@ -253,15 +313,21 @@ func TestMigrateFromKubeProxy(t *testing.T) {
 		t.Skipf("skipping: kube-proxy not built (%v); build it with e2e/apiserver/build.sh or `make k8s-bins`", err)
 	}
 	env := newClusterEnv(t)
-	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
+	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy", "iptables-legacy-without-tools"} {
 		t.Run(mode, func(t *testing.T) { testMigrate(t, env, kp, mode, i) })
 	}
 }
 
+// testMigrate runs one migration; mode is kube-proxy's (see startKubeProxy),
+// and "iptables-legacy-without-tools" is iptables-legacy with nftproxy run
+// without the legacy tools, as from its image: kube-proxy's legacy chains
+// stay, nftproxy says so, and kube-proxy's own `kube-proxy --cleanup`, the
+// documented workaround, removes them after the switch.
 func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	s := &clusterScenario{t: t, env: env, ns: "migrate-" + strings.ReplaceAll(mode, "-", ""), ctx: ctx}
+	mode, noTools := strings.CutSuffix(mode, "-without-tools")
 	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace %s: %v", s.ns, err)
@@ -313,14 +379,45 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 
 	// The switch.
 	k.stop()
+	saves := []string{"iptables-nft-save", "ip6tables-nft-save"}
+	if mode == "iptables-legacy" && !noTools {
+		saves = append(saves, "iptables-legacy-save", "ip6tables-legacy-save")
+	}
+	others := map[string]string{}
+	for _, tool := range saves {
+		others[tool] = savedWithoutKubeProxy(t, s.topo.Node, tool)
+	}
 	start := time.Now()
 	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 		"--min-sync-period", "100ms", "--cleanup-kube-proxy", "-v", "2"}
+	if mode != "iptables-legacy" || noTools {
+		// As in nftproxy's image: no iptables tools. The nft backend's
+		// chains go over netlink.
+		s.daemonEnv = []string{"PATH=" + t.TempDir()}
+	}
 	s.startDaemon()
 	t.Logf("nftproxy's first sync %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
+	if noTools {
+		if left := kubeProxyRules(t, s.topo.Node); !strings.Contains(left, "iptables-legacy-save :KUBE-SVC-") {
+			t.Errorf("without the legacy tools, kube-proxy's legacy chains went:\n%s", left)
+		}
+		if !strings.Contains(s.d.Log(), "legacy iptables chains may be left") || !strings.Contains(s.d.Log(), `"iptables-legacy nat"`) {
+			t.Errorf("no warning naming the legacy tables left:\n%s", s.d.Log())
+		}
+		if err := s.answeredBy(vip, names); err != nil {
+			t.Error(err)
+		}
+		kubeProxyCleanup(t, s.topo.Node, kpBinary, "legacy")
+		t.Logf("kube-proxy --cleanup removed the legacy chains %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
+	}
 	if left := kubeProxyRules(t, s.topo.Node); left != "" {
 		t.Errorf("kube-proxy's rules left after nftproxy's first sync:\n%s", left)
+	}
+	for _, tool := range saves {
+		if diff := cmp.Diff(others[tool], savedWithoutKubeProxy(t, s.topo.Node, tool)); diff != "" {
+			t.Errorf("%s: the cleanup changed more than kube-proxy's chains and the jumps to them (-before +after):\n%s", tool, diff)
+		}
 	}
 	if err := s.answeredBy(vip, names); err != nil {
 		t.Error(err)
@@ -338,8 +435,18 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	if gap > time.Second {
 		t.Errorf("new connections failed for %s during the switch", gap)
 	}
-	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") {
+	for _, l := range strings.Split(s.d.Log(), "\n") {
+		if strings.Contains(l, "kube-proxy's") || strings.Contains(l, "Kube-proxy's") {
+			t.Logf("nftproxy: %s", l)
+		}
+	}
+	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") ||
+		!noTools && strings.Contains(s.d.Log(), "legacy iptables chains may be left") {
 		t.Errorf("iptables cleanup failed:\n%s", s.d.Log())
+	}
+	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok && !noTools &&
+		!strings.Contains(s.d.Log(), `"msg":"Removed kube-proxy's iptables chains","backend":"iptables-`+backend+`"`) {
+		t.Errorf("no log of kube-proxy's %s chains removed:\n%s", mode, s.d.Log())
 	}
 
 	// The way back: kube-proxy again beside nftproxy's rules, then nftproxy's go.

@@ -3,9 +3,8 @@
 //
 // Every namespace is a named iproute2 namespace (`ip netns add`), so the nft,
 // ip and conntrack command-line tools can enter it by name while Go code
-// enters it through its file descriptor: NFT opens a google/nftables
-// connection bound to it, and Do runs a function on an OS thread switched
-// into it. Sockets opened inside Do stay in the namespace, so servers and
+// enters it through its file descriptor: nftnl.Dial(ns.Fd()) connects to
+// its nftables, and Do runs a function on an OS thread switched into it. Sockets opened inside Do stay in the namespace, so servers and
 // clients run as goroutines of the test process (Listen, ListenPacket, Dial,
 // DialFrom, AskTCP, AskUDP).
 //

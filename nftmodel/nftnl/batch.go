@@ -18,14 +18,17 @@ import (
 // the namespace the batch goes to); the library encodes its messages on a
 // libEncoder, which sends nothing.
 type batch struct {
-	conn   *Conn
-	lib    *libEncoder
-	family nftmodel.Family
-	table  *nftables.Table
-	stats  nftmodel.Stats
-	steps  []step
-	sets   map[string]*nftables.Set // sets whose elements the batch may touch
-	types  map[string]*nftmodel.Set // their types (Name, Key and Data only)
+	conn *Conn
+	lib  *libEncoder
+	// subject names what the batch changes in its errors: its table, or
+	// what a batch on several tables deletes.
+	subject string
+	family  nftmodel.Family
+	table   *nftables.Table
+	stats   nftmodel.Stats
+	steps   []step
+	sets    map[string]*nftables.Set // sets whose elements the batch may touch
+	types   map[string]*nftmodel.Set // their types (Name, Key and Data only)
 	// userData is the user data of the sets declared with typeof, which
 	// the library can't write: send puts it into their messages.
 	userData map[string][]byte
@@ -52,12 +55,21 @@ type elementsStep struct {
 	add bool
 }
 
+// newBatch plans a transaction on the table (f, table).
 func newBatch(conn *Conn, f nftmodel.Family, table string) *batch {
+	b := newTablesBatch(conn, fmt.Sprintf("table %s %s", f, table))
+	b.family, b.table = f, &nftables.Table{Name: table, Family: libFamily(f)}
+	return b
+}
+
+// newTablesBatch plans a transaction whose steps name their own tables, of
+// any family; subject names it in errors. It has no table of its own, so it
+// takes library calls only, no set elements.
+func newTablesBatch(conn *Conn, subject string) *batch {
 	return &batch{
 		conn:     conn,
 		lib:      newLibEncoder(),
-		family:   f,
-		table:    &nftables.Table{Name: table, Family: libFamily(f)},
+		subject:  subject,
 		sets:     map[string]*nftables.Set{},
 		types:    map[string]*nftmodel.Set{},
 		userData: map[string][]byte{},
@@ -74,7 +86,7 @@ func (b *batch) plan1(queue func(), format string, args ...any) {
 }
 
 func (b *batch) fail(verb string, err error) error {
-	return fmt.Errorf("%s table %s %s: %w", verb, b.family, b.table.Name, err)
+	return fmt.Errorf("%s %s: %w", verb, b.subject, err)
 }
 
 func (b *batch) addTable() {
@@ -448,5 +460,5 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 		}
 		err = refused.errno
 	}
-	return b.stats, fmt.Errorf("%s table %s %s (%s): %w", verb, b.family, b.table.Name, where, err)
+	return b.stats, fmt.Errorf("%s %s (%s): %w", verb, b.subject, where, err)
 }

@@ -2,7 +2,11 @@
 // nftmodel ruleset, or the changes between two, as one netlink batch (Apply,
 // ApplyChanges), or a new table without reading the kernel first (Create,
 // for the feature probes, and Drop), reads a table back into the model
-// (Read), and reports the namespace's nftables notifications (Watch).
+// (Read), and reports the namespace's nftables notifications (Watch). For
+// other programs' tables, which the model can't describe (iptables-nft's),
+// it lists chains and the rules that jump from them (Conn.Chains,
+// Conn.Jumps) and deletes given rules and chains in one batch
+// (Conn.DeleteRulesAndChains).
 //
 // google/nftables encodes tables, chains, rules and sets (captured without
 // sending, see libEncoder), set elements are encoded straight into the

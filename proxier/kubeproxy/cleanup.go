@@ -16,70 +16,77 @@ import (
 	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
-// Backend is one family's iptables of one kind, with the tools kube-proxy
-// itself uses to write it.
+// Backend is one family's legacy iptables, with the tools kube-proxy itself
+// uses to write it.
 type Backend struct {
 	Name          string
 	Family        nftmodel.Family
-	Legacy        bool
 	Save, Restore string
 }
 
-// Backends are the four iptables kube-proxy may have written to.
-var Backends = []Backend{
-	{"iptables-legacy", nftmodel.IPv4, true, "iptables-legacy-save", "iptables-legacy-restore"},
-	{"ip6tables-legacy", nftmodel.IPv6, true, "ip6tables-legacy-save", "ip6tables-legacy-restore"},
-	{"iptables-nft", nftmodel.IPv4, false, "iptables-nft-save", "iptables-nft-restore"},
-	{"ip6tables-nft", nftmodel.IPv6, false, "ip6tables-nft-save", "ip6tables-nft-restore"},
+// LegacyBackends are the legacy iptables kube-proxy may have written to. The
+// nft backend's tables are nftables tables, cleaned over netlink (no tools).
+var LegacyBackends = []Backend{
+	{"iptables-legacy", nftmodel.IPv4, "iptables-legacy-save", "iptables-legacy-restore"},
+	{"ip6tables-legacy", nftmodel.IPv6, "ip6tables-legacy-save", "ip6tables-legacy-restore"},
 }
 
-// mayHoldChains tells, without running any iptables tool, whether b may
-// hold kube-proxy's chains in this namespace: for the legacy backend,
-// whether the kernel has any of its tables here (running its tools
-// otherwise would load its modules and make tables); for the nft backend,
-// whether its nat, filter or mangle table has a chain of kube-proxy's name.
-func (b Backend) mayHoldChains(conn *nftnl.Conn) (bool, error) {
-	if b.Legacy {
-		file := "/proc/thread-self/net/ip_tables_names"
-		if b.Family == nftmodel.IPv6 {
-			file = "/proc/thread-self/net/ip6_tables_names"
-		}
-		data, err := os.ReadFile(file)
-		if errors.Is(err, os.ErrNotExist) {
-			return false, nil // legacy iptables not loaded
-		}
-		if err != nil {
-			return false, fmt.Errorf("read %s: %w", file, err)
-		}
-		return len(bytes.TrimSpace(data)) > 0, nil
+// loadedTables returns which of nat, filter and mangle the kernel has in
+// b's legacy iptables in this namespace, without running any iptables tool
+// (that would load its modules and make tables).
+func (b Backend) loadedTables() ([]string, error) {
+	file := "/proc/thread-self/net/ip_tables_names"
+	if b.Family == nftmodel.IPv6 {
+		file = "/proc/thread-self/net/ip6_tables_names"
 	}
-	cs, err := conn.Chains(b.Family)
+	data, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // legacy iptables not loaded
+	}
 	if err != nil {
-		return false, err
+		return nil, fmt.Errorf("read %s: %w", file, err)
 	}
-	for _, c := range cs {
-		if slices.Contains(tables, c.Table) && IsChain(c.Chain) {
-			return true, nil
+	var out []string
+	for _, t := range strings.Fields(string(data)) {
+		if slices.Contains(tables, t) {
+			out = append(out, t)
 		}
 	}
-	return false, nil
+	slices.Sort(out)
+	return out, nil
 }
 
 // CleanupIPTables removes kube-proxy's iptables chains and the rules
-// jumping to them from every backend that has them, and returns what it
-// removed ("backend: table/chain"). A backend without kube-proxy's chains
-// is left alone; one whose tools are missing while it may hold them is an
-// error, after the others were cleaned.
+// jumping to them, and returns what it removed ("backend: table/chain"):
+// from the nft backend over netlink, in one batch; from the legacy backend
+// with its own tools, where its tables are loaded. When they are loaded but
+// the tools are missing (nftproxy's image has none), it logs one warning
+// naming the tables and the way to clean them, and goes on: no retry would
+// find the tools. An error in one backend does not stop the others.
 func CleanupIPTables(ctx context.Context, conn *nftnl.Conn, log *zap.Logger) ([]string, error) {
-	var removed []string
 	var errs []error
-	for _, b := range Backends {
-		may, err := b.mayHoldChains(conn)
+	removed, err := CleanupNFT(conn)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(removed) > 0 {
+		log.Info("Removed kube-proxy's iptables chains", zap.String("backend", "iptables-nft"), zap.Int("chains", len(removed)))
+	}
+	var left, missing []string
+	for _, b := range LegacyBackends {
+		loaded, err := b.loadedTables()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("clean %s: %w", b.Name, err))
 			continue
 		}
-		if !may {
+		if len(loaded) == 0 {
+			continue
+		}
+		if m := missingTools(b.Save, b.Restore); len(m) > 0 {
+			for _, t := range loaded {
+				left = append(left, b.Name+" "+t)
+			}
+			missing = append(missing, m...)
 			continue
 		}
 		r, err := b.cleanup(ctx)
@@ -93,7 +100,23 @@ func CleanupIPTables(ctx context.Context, conn *nftnl.Conn, log *zap.Logger) ([]
 			log.Info("Removed kube-proxy's iptables chains", zap.String("backend", b.Name), zap.Int("chains", len(r)))
 		}
 	}
+	if len(left) > 0 {
+		log.Warn("Kube-proxy's legacy iptables chains may be left: these legacy tables are loaded, but the legacy tools "+
+			"are not installed (nftproxy's image has none); once nftproxy has synced, run `kube-proxy --cleanup` from "+
+			"kube-proxy's image, or `nftproxy cleanup --kube-proxy` where the tools are installed",
+			zap.Strings("tables", left), zap.Strings("missing", missing))
+	}
 	return removed, errors.Join(errs...)
+}
+
+func missingTools(tools ...string) []string {
+	var out []string
+	for _, t := range tools {
+		if _, err := exec.LookPath(t); err != nil {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 func (b Backend) cleanup(ctx context.Context) ([]string, error) {
@@ -101,9 +124,6 @@ func (b Backend) cleanup(ctx context.Context) ([]string, error) {
 	save := exec.CommandContext(ctx, b.Save)
 	save.Stdout, save.Stderr = &out, &stderr
 	if err := save.Run(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return nil, fmt.Errorf("clean %s: kube-proxy's chains may be there but %s is not installed: %w", b.Name, b.Save, err)
-		}
 		return nil, fmt.Errorf("clean %s: run %s: %w: %s", b.Name, b.Save, err, strings.TrimSpace(stderr.String()))
 	}
 	script, removed, err := Plan(out.String())

@@ -10,7 +10,14 @@
 // kube-proxy's table in the batch of nftproxy's first full sync, and its
 // iptables chains right after that sync.
 //
-// Plan, which decides from iptables-save output what goes, is pure; the
-// iptables part runs kube-proxy's own tools (iptables-save and
-// iptables-restore of the backend) only where kube-proxy's chains exist.
+// What goes is decided by pure functions: PlanNFT over a listing of the
+// nft backend's chains, Plan over the legacy backend's iptables-save
+// output. The nft backend keeps its tables as nftables tables (ip and ip6
+// nat, filter, mangle), so its chains go over netlink, in one batch, with
+// no iptables tool: nftproxy's image has none. The listing and the batch
+// are nftnl's (Conn.Chains, Conn.Jumps, Conn.DeleteRulesAndChains); this
+// package only decides. The legacy backend's go with
+// its own tools (iptables-legacy-save, -restore) where they are installed;
+// where they are not and its tables are loaded, one warning says what may
+// be left and how to remove it.
 package kubeproxy

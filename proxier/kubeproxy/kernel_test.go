@@ -2,14 +2,19 @@ package kubeproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -137,7 +142,7 @@ func iptablesSave(t *testing.T, ns *netns.NS, tool string) string {
 	return string(out)
 }
 
-func restore(t *testing.T, ns *netns.NS, tool, input string) {
+func restore(t testing.TB, ns *netns.NS, tool, input string) {
 	t.Helper()
 	args := []string{"netns", "exec", ns.Name(), tool}
 	if tool == "nft" {
@@ -150,13 +155,48 @@ func restore(t *testing.T, ns *netns.NS, tool, input string) {
 	}
 }
 
+// cleanupWithPath runs CleanupIPTables in ns with PATH set to path, as
+// nftproxy's image has it (no iptables tools) or as a host has it.
+func cleanupWithPath(t *testing.T, ns *netns.NS, path string) ([]string, *observer.ObservedLogs) {
+	t.Helper()
+	conn, err := nftnl.Dial(ns.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	core, logs := observer.New(zap.InfoLevel)
+	old := os.Getenv("PATH")
+	os.Setenv("PATH", path)
+	defer os.Setenv("PATH", old)
+	var removed []string
+	err = ns.Do(func() error {
+		// Children inherit the locked thread's namespace.
+		var err error
+		removed, err = CleanupIPTables(context.Background(), conn, zap.New(core))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return removed, logs
+}
+
 // TestCleanupInNamespace loads kube-proxy's and kubelet's chains beside
 // another program's, in one iptables backend, plus kube-proxy's nftables
 // tables beside another's, into a fresh namespace; the cleanup removes
-// exactly kube-proxy's, and a second run finds nothing to do.
+// exactly kube-proxy's, and a second run finds nothing to do. The nft
+// backend's are removed over netlink with no iptables tool on the PATH;
+// the legacy backend's with its tools, and without them they stay and one
+// warning names the tables.
 func TestCleanupInNamespace(t *testing.T) {
-	for _, backend := range []string{"legacy", "nft"} {
-		t.Run(backend, func(t *testing.T) {
+	noTools := t.TempDir()
+	for _, tc := range []struct{ name, backend, path string }{
+		{"legacy", "legacy", os.Getenv("PATH")},
+		{"nft", "nft", noTools},
+		{"legacy-without-tools", "legacy", noTools},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backend := tc.backend
 			for _, tool := range []string{"iptables-" + backend + "-restore", "nft"} {
 				if _, err := exec.LookPath(tool); err != nil {
 					t.Skipf("skipping: %s not installed (apt-get install iptables nftables)", tool)
@@ -166,26 +206,44 @@ func TestCleanupInNamespace(t *testing.T) {
 			restore(t, ns, "iptables-"+backend+"-restore", kubeProxyIPv4)
 			restore(t, ns, "ip6tables-"+backend+"-restore", kubeProxyIPv6)
 			restore(t, ns, "nft", otherTables)
-			before4 := iptablesSave(t, ns, "iptables-"+backend+"-save")
-			before6 := iptablesSave(t, ns, "ip6tables-"+backend+"-save")
+			saves := []string{"iptables-" + backend + "-save", "ip6tables-" + backend + "-save"}
+			before := map[string]string{}
+			for _, tool := range saves {
+				before[tool] = iptablesSave(t, ns, tool)
+			}
 
+			removed, logs := cleanupWithPath(t, ns, tc.path)
 			conn, err := nftnl.Dial(ns.Fd())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = conn.Close() }()
-			var removed []string
-			err = ns.Do(func() error {
-				// Children inherit the locked thread's namespace.
-				var err error
-				removed, err = CleanupIPTables(context.Background(), conn, zaptest.NewLogger(t))
-				return err
-			})
+			if err := DeleteTables(conn); err != nil {
+				t.Fatal(err)
+			}
+			tables, err := ns.Exec("nft", "list", "tables")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := DeleteTables(conn); err != nil {
-				t.Fatal(err)
+			if strings.Contains(tables, "kube-proxy") || !strings.Contains(tables, "table inet other") {
+				t.Errorf("nftables tables after the cleanup:\n%s", tables)
+			}
+
+			if tc.path == noTools && backend == "legacy" {
+				if len(removed) != 0 {
+					t.Errorf("removed %q without the tools", removed)
+				}
+				warned := logs.FilterMessageSnippet("legacy iptables chains may be left").All()
+				if len(warned) != 1 || fmt.Sprint(warned[0].ContextMap()["tables"]) !=
+					"[iptables-legacy filter iptables-legacy mangle iptables-legacy nat ip6tables-legacy filter ip6tables-legacy mangle ip6tables-legacy nat]" {
+					t.Errorf("warnings %+v, want one naming the legacy tables", warned)
+				}
+				for _, tool := range saves {
+					if after := iptablesSave(t, ns, tool); kept(after) != kept(before[tool]) || !strings.Contains(after, ":KUBE-SERVICES") {
+						t.Errorf("%s: changed without the tools:\n%s", tool, after)
+					}
+				}
+				return
 			}
 
 			want := []string{
@@ -201,31 +259,19 @@ func TestCleanupInNamespace(t *testing.T) {
 			if len(removed) != 13+4 {
 				t.Errorf("removed %d chains, want 17: %q", len(removed), removed)
 			}
-			for tool, before := range map[string]string{"iptables-" + backend + "-save": before4, "ip6tables-" + backend + "-save": before6} {
-				if diff := cmp.Diff(kept(before), kept(iptablesSave(t, ns, tool))); diff != "" {
+			for _, tool := range saves {
+				after := iptablesSave(t, ns, tool)
+				if diff := cmp.Diff(kept(before[tool]), kept(after)); diff != "" {
 					t.Errorf("%s: other chains and rules changed (-want +got):\n%s", tool, diff)
 				}
-				if after := iptablesSave(t, ns, tool); strings.Contains(strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "").Replace(after), "KUBE-") {
+				if strings.Contains(strings.NewReplacer("KUBE-FIREWALL", "", "KUBE-KUBELET-CANARY", "", "KUBE-IPTABLES-HINT", "", `-j KUBE-SERVICES"`, "").Replace(after), "KUBE-") {
 					t.Errorf("%s: kube-proxy's chains left:\n%s", tool, after)
 				}
 			}
-			tables, err := ns.Exec("nft", "list", "tables")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.Contains(tables, "kube-proxy") || !strings.Contains(tables, "table inet other") {
-				t.Errorf("nftables tables after the cleanup:\n%s", tables)
-			}
 
-			// Nothing left to do: no tool runs for the nft backend, and the
-			// legacy one finds nothing.
-			err = ns.Do(func() error {
-				var err error
-				removed, err = CleanupIPTables(context.Background(), conn, zaptest.NewLogger(t))
-				return err
-			})
-			if err != nil || len(removed) != 0 {
-				t.Errorf("second cleanup: removed %q, error %v", removed, err)
+			// Nothing left to do.
+			if removed, _ = cleanupWithPath(t, ns, tc.path); len(removed) != 0 {
+				t.Errorf("second cleanup: removed %q", removed)
 			}
 		})
 	}
@@ -292,4 +338,97 @@ func sortedLines(s string) string {
 	lines := strings.Fields(strings.ReplaceAll(s, "table ", "table_"))
 	slices.Sort(lines)
 	return fmt.Sprint(lines)
+}
+
+// kubeProxyServices is iptables-restore input for what kube-proxy's
+// iptables mode writes for n ClusterIP services of two endpoints each: per
+// service a KUBE-SVC chain and two KUBE-SEP chains, with the rules joining
+// them.
+func kubeProxyServices(n int) string {
+	var b strings.Builder
+	b.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
+	for i := range n {
+		fmt.Fprintf(&b, ":KUBE-SVC-%016X - [0:0]\n:KUBE-SEP-%016XA - [0:0]\n:KUBE-SEP-%016XB - [0:0]\n", i, i, i)
+	}
+	b.WriteString("-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A POSTROUTING -j KUBE-POSTROUTING\n")
+	b.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
+	for i := range n {
+		ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-%016X\n", ip, i)
+		fmt.Fprintf(&b, "-A KUBE-SVC-%016X -m statistic --mode random --probability 0.5 -j KUBE-SEP-%016XA\n", i, i)
+		fmt.Fprintf(&b, "-A KUBE-SVC-%016X -j KUBE-SEP-%016XB\n", i, i)
+		for _, e := range []string{"A", "B"} {
+			fmt.Fprintf(&b, "-A KUBE-SEP-%016X%s -s 10.244.%d.%d/32 -j KUBE-MARK-MASQ\n", i, e, i/250, i%250+1)
+			fmt.Fprintf(&b, "-A KUBE-SEP-%016X%s -p tcp -m tcp -j DNAT --to-destination 10.244.%d.%d:8080\n", i, e, i/250, i%250+1)
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// BenchmarkCleanupNFT removes the iptables-nft chains kube-proxy leaves
+// for 1,000 and 5,000 services (3 chains, 7 rules each) over netlink.
+func BenchmarkCleanupNFT(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			input := kubeProxyServices(n)
+			for b.Loop() {
+				b.StopTimer()
+				ns := netns.New(b, "kpb")
+				restore(b, ns, "iptables-nft-restore", input)
+				conn, err := nftnl.Dial(ns.Fd())
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				removed, err := CleanupNFT(conn)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(removed) != 3*n+3 {
+					b.Fatalf("removed %d chains, want %d", len(removed), 3*n+3)
+				}
+				_ = conn.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// TestApplyNFTStaleGeneration: a batch planned before another program's
+// commit is refused as a whole with ERESTART (which CleanupNFT retries),
+// and changes nothing.
+func TestApplyNFTStaleGeneration(t *testing.T) {
+	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
+		t.Skip("skipping: iptables-nft-restore not installed (apt-get install iptables)")
+	}
+	ns := netns.New(t, "kps")
+	restore(t, ns, "iptables-nft-restore", kubeProxyIPv4)
+	conn, err := nftnl.Dial(ns.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	gen, err := nftnl.Generation(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listing, err := ListNFT(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := iptablesSave(t, ns, "iptables-nft-save")
+	restore(t, ns, "nft", "add table inet someone\n")
+	err = applyNFT(conn, PlanNFT(listing), gen)
+	if !errors.Is(err, unix.ERESTART) {
+		t.Fatalf("applyNFT with a stale generation: %v, want ERESTART", err)
+	}
+	if after := iptablesSave(t, ns, "iptables-nft-save"); kept(after) != kept(before) || !strings.Contains(after, ":KUBE-SERVICES") {
+		t.Errorf("a refused batch changed the ruleset:\n%s", after)
+	}
+	removed, err := CleanupNFT(conn)
+	if err != nil || len(removed) != 13 {
+		t.Errorf("CleanupNFT after the refusal: removed %d chains (%v), want 13", len(removed), err)
+	}
 }
