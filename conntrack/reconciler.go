@@ -34,8 +34,10 @@ type Result struct {
 	Dumped  int // flows read from the table
 	Stale   int // flows selected for deletion
 	Deleted int // flows this call removed
-	Gone    int // stale flows someone else removed first
-	Failed  int // stale flows whose deletion failed
+	// DeletedIPv6 are the IPv6 flows among Deleted.
+	DeletedIPv6 int
+	Gone        int // stale flows someone else removed first
+	Failed      int // stale flows whose deletion failed
 	// Duration is the wall time of the whole call, dump included.
 	Duration time.Duration
 }
@@ -127,6 +129,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, prev, next *k8s.Snapshot) (r
 		switch err := r.table.Delete(ctx, f); {
 		case err == nil:
 			res.Deleted++
+			if f.OrigDst.Addr().Is6() {
+				res.DeletedIPv6++
+			}
 		case errors.Is(err, ErrNotExist):
 			res.Gone++
 		default:

@@ -234,3 +234,20 @@ func TestReconcileRetryPartial(t *testing.T) {
 		t.Errorf("deleted flows mismatch (-want +got):\n%s", diff)
 	}
 }
+
+// TestReconcileCountsIPv6: the result tells how many of the deleted flows
+// were IPv6, for the metrics by ip_family.
+func TestReconcileCountsIPv6(t *testing.T) {
+	dual := func(eps ...k8s.Endpoint) k8s.ServicePort {
+		sp := svc("dns", k8s.UDP, "10.96.0.10", 53, eps...)
+		sp.ClusterIPs = append(sp.ClusterIPs, addr("fd00::10"))
+		return sp
+	}
+	e4, e6 := ep("10.244.1.5", 5353), ep("fd00:244::5", 5353)
+	table := &FakeTable{Flows: []Flow{udp("10.0.0.1:40000", "10.96.0.10:53", "10.244.1.5:5353"),
+		udp("[fd00::1]:40000", "[fd00::10]:53", "[fd00:244::5]:5353"), udp("[fd00::2]:40000", "[fd00::10]:53", "[fd00:244::5]:5353")}}
+	res, err := NewReconciler(table).Reconcile(context.Background(), snap(dual(e4, e6)), snap(dual()))
+	if err != nil || res.Deleted != 3 || res.DeletedIPv6 != 2 {
+		t.Errorf("Reconcile: %+v, %v; want 3 deleted, 2 of them IPv6", res, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
 
@@ -29,6 +30,14 @@ func exportedSeries(t *testing.T) map[string]bool {
 	// A vector exports a family only once it has a child.
 	mt.InvalidObjects.WithLabelValues("Service")
 	mt.RulesetElements.WithLabelValues("ip")
+	for _, v := range []interface {
+		WithLabelValues(...string) prometheus.Observer
+	}{mt.SyncDuration, mt.SyncFullDuration, mt.SyncPartialDuration, mt.NetworkProgramming, mt.ConntrackDuration} {
+		v.WithLabelValues("IPv4")
+	}
+	mt.SyncLastTimestamp.WithLabelValues("IPv4")
+	mt.SyncLastQueued.WithLabelValues("IPv4")
+	mt.ConntrackDeleted.WithLabelValues("IPv4")
 	families, err := mt.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

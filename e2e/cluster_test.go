@@ -82,6 +82,7 @@ func TestAPIServer(t *testing.T) {
 		{"RestartWhileAPIServerDown", testClusterRestartWhileAPIServerDown},
 		{"MetricsAndHealth", testClusterMetricsAndHealth},
 		{"NetworkProgrammingIgnoresResyncs", testClusterNetworkProgrammingIgnoresResyncs},
+		{"MetricsAsKubeProxy", testClusterMetricsAsKubeProxy},
 		{"DriftRepair", testClusterDriftRepair},
 		{"ServiceCIDRs", testClusterServiceCIDRs},
 		// Last: it deletes and recreates the Node.
@@ -342,8 +343,14 @@ func (s *clusterScenario) service(name, clusterIP string, nodePort int32, mods .
 // endpoints on this node at the given addresses, port 8080.
 func (s *clusterScenario) slice(service, name string, addrs ...netip.Addr) {
 	s.t.Helper()
+	s.sliceWith(service, name, nil, addrs...)
+}
+
+// sliceWith is slice with the given annotations.
+func (s *clusterScenario) sliceWith(service, name string, annotations map[string]string, addrs ...netip.Addr) {
+	s.t.Helper()
 	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Labels: map[string]string{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Annotations: annotations, Labels: map[string]string{
 			discoveryv1.LabelServiceName: service,
 			// Not the controller's value: nothing else manages these slices.
 			discoveryv1.LabelManagedBy: "e2e",
@@ -817,14 +824,33 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 	// name, so the name sorts after web's too.
 	s.service("zz-thief", "10.96.24.11", 0, func(svc *v1.Service) { svc.Spec.ExternalIPs = []string{vip.Addr().String()} })
 
+	// kube-proxy's network programming latency runs from the slice's
+	// last-change-trigger-time, which the endpoint slice controller sets
+	// when it sees the change: here 2 s before the slice is written, so the
+	// figure can't be the change's arrival at nftproxy.
+	triggered := time.Now()
+	time.Sleep(2 * time.Second)
+	a1, n1 := s.pods(1)
+	s.sliceWith("web", "web-a", map[string]string{v1.EndpointsLastChangeTriggerTime: triggered.UTC().Format(time.RFC3339Nano)}, a1...)
+	s.eventually("endpoint change", func() error { return s.answeredBy(vip, n1) })
+
 	type check struct {
-		name string
-		ok   func(m *dto.Metric) error
+		name   string
+		labels []string // the series checked; none: the only one
+		ok     func(m *dto.Metric) error
 	}
 	atLeast := func(min float64) func(*dto.Metric) error {
 		return func(m *dto.Metric) error {
 			if v := m.GetCounter().GetValue(); v < min {
 				return fmt.Errorf("%v, want at least %v", v, min)
+			}
+			return nil
+		}
+	}
+	gauge := func(min, max float64) func(*dto.Metric) error {
+		return func(m *dto.Metric) error {
+			if v := m.GetGauge().GetValue(); v < min || v > max {
+				return fmt.Errorf("%v, want %v..%v", v, min, max)
 			}
 			return nil
 		}
@@ -839,42 +865,85 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 			return nil
 		}
 	}
+	timestamp := func(m *dto.Metric) error {
+		ts := time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
+		if ts.Before(started) || ts.After(time.Now()) {
+			return fmt.Errorf("%s, want between the daemon's start %s and now", ts, started)
+		}
+		return nil
+	}
+	zero := func(m *dto.Metric) error {
+		if v := m.GetCounter().GetValue(); v != 0 {
+			return fmt.Errorf("%v, want 0", v)
+		}
+		return nil
+	}
+	ipv4, ipv6 := []string{"ip_family", "IPv4"}, []string{"ip_family", "IPv6"}
 	checks := []check{
-		// Two syncs at least: the first and web's; each well under a second here.
-		{"kubeproxy_sync_proxy_rules_duration_seconds", histogram(2, 1)},
-		{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", func(m *dto.Metric) error {
-			ts := time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
-			if ts.Before(started) || ts.After(time.Now()) {
-				return fmt.Errorf("%s, want between the daemon's start %s and now", ts, started)
+		// Three syncs at least: the first, web's and the endpoint change;
+		// each well under a second here. Both families count each.
+		{"kubeproxy_sync_proxy_rules_duration_seconds", ipv4, histogram(3, 1)},
+		{"kubeproxy_sync_proxy_rules_duration_seconds", ipv6, histogram(3, 1)},
+		{"kubeproxy_sync_full_proxy_rules_duration_seconds", ipv4, histogram(1, 1)},
+		{"kubeproxy_sync_partial_proxy_rules_duration_seconds", ipv4, histogram(2, 1)},
+		{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", ipv4, timestamp},
+		{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", ipv6, timestamp},
+		{"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", ipv4, timestamp},
+		// Only the annotated change counts: from its trigger time, 2 s
+		// before it was written, to the sync that applied it.
+		{"kubeproxy_network_programming_duration_seconds", ipv4, func(m *dto.Metric) error {
+			h := m.GetHistogram()
+			if max := time.Since(triggered).Seconds(); h.GetSampleCount() != 1 || h.GetSampleSum() < 2 || h.GetSampleSum() > max {
+				return fmt.Errorf("%d observations summing to %v s, want one of 2..%.1f s", h.GetSampleCount(), h.GetSampleSum(), max)
 			}
 			return nil
 		}},
-		{"kubeproxy_network_programming_duration_seconds", histogram(2, 5)},
-		{"kubeproxy_sync_proxy_rules_endpoint_changes_total", atLeast(1)},
+		// nftproxy's own figure runs from the arrival: each under the 2 s.
+		{"nftproxy_network_programming_duration_seconds", nil, func(m *dto.Metric) error {
+			h := m.GetHistogram()
+			var under2s uint64
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() <= 2.048 {
+					under2s = b.GetCumulativeCount()
+				}
+			}
+			if h.GetSampleCount() < 3 || under2s != h.GetSampleCount() {
+				return fmt.Errorf("%d observations, %d of them under 2.048 s, summing to %v s", h.GetSampleCount(), under2s, h.GetSampleSum())
+			}
+			return nil
+		}},
+		{"kubeproxy_sync_proxy_rules_endpoint_changes_pending", nil, gauge(0, 0)},
+		{"kubeproxy_sync_proxy_rules_service_changes_pending", nil, gauge(0, 0)},
+		{"kubeproxy_sync_proxy_rules_endpoint_changes_total", nil, atLeast(2)},
 		// The kubernetes Service and web.
-		{"kubeproxy_sync_proxy_rules_service_changes_total", atLeast(2)},
-		{"nftproxy_sync_full_total", atLeast(1)},
-		{"nftproxy_batch_messages", func(m *dto.Metric) error {
+		{"kubeproxy_sync_proxy_rules_service_changes_total", nil, atLeast(2)},
+		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{"traffic_policy", "internal", "ip_family", "IPv4"}, gauge(0, 0)},
+		{"kubeproxy_sync_proxy_rules_no_local_endpoints_total", []string{"traffic_policy", "external", "ip_family", "IPv6"}, gauge(0, 0)},
+		{"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", ipv4, zero},
+		{"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", ipv6, zero},
+		{"nftproxy_ct_state_invalid_dropped_packets_total", ipv4, zero},
+		{"nftproxy_healthcheck_bind_failures_total", nil, zero},
+		// client-go's, as Kubernetes components serve them: the informers'
+		// requests (their lists may stream as watches, which end later).
+		{"rest_client_requests_total", []string{"code", "200", "method", "GET"}, atLeast(1)},
+		{"rest_client_request_duration_seconds", []string{"verb", "GET"}, histogram(1, 5)},
+		{"rest_client_rate_limiter_duration_seconds", []string{"verb", "GET"}, func(m *dto.Metric) error {
+			if m.GetHistogram().GetSampleCount() < 1 {
+				return fmt.Errorf("%d observations", m.GetHistogram().GetSampleCount())
+			}
+			return nil
+		}},
+		{"kubernetes_build_info", []string{"git_version", "dev"}, gauge(1, 1)},
+		{"nftproxy_sync_full_total", nil, atLeast(1)},
+		{"nftproxy_batch_messages", nil, func(m *dto.Metric) error {
 			h := m.GetHistogram()
 			if h.GetSampleCount() < 2 || h.GetSampleSum() < float64(h.GetSampleCount()) {
 				return fmt.Errorf("%d batches of %v messages in all", h.GetSampleCount(), h.GetSampleSum())
 			}
 			return nil
 		}},
-		{"nftproxy_sync_failures_total", func(m *dto.Metric) error {
-			if v := m.GetCounter().GetValue(); v != 0 {
-				return fmt.Errorf("%v failed syncs", v)
-			}
-			return nil
-		}},
-		{"nftproxy_invalid_objects_total", func(m *dto.Metric) error {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == "Service" {
-					return atLeast(1)(m)
-				}
-			}
-			return fmt.Errorf("labels %v, want kind=Service", m.GetLabel())
-		}},
+		{"nftproxy_sync_failures_total", nil, zero},
+		{"nftproxy_invalid_objects_total", []string{"kind", "Service"}, atLeast(1)},
 	}
 	var families map[string]*dto.MetricFamily
 	s.eventually("metrics after the conflict", func() error {
@@ -889,16 +958,24 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 	})
 	for _, c := range checks {
 		mf, ok := families[c.name]
-		if !ok || len(mf.GetMetric()) != 1 {
-			t.Errorf("%s: not served as one series: %v", c.name, mf)
+		var series *dto.Metric
+		switch {
+		case !ok:
+		case c.labels == nil && len(mf.GetMetric()) == 1:
+			series = mf.GetMetric()[0]
+		case c.labels != nil:
+			series = seriesWith(mf, c.labels...)
+		}
+		if series == nil {
+			t.Errorf("%s%v: not served: %v", c.name, c.labels, mf)
 			continue
 		}
-		if err := c.ok(mf.GetMetric()[0]); err != nil {
-			t.Errorf("%s: %v", c.name, err)
+		if err := c.ok(series); err != nil {
+			t.Errorf("%s%v: %v", c.name, c.labels, err)
 		}
 	}
 	// web keeps its address: the conflicting port was left out, not web's.
-	if err := s.answeredBy(vip, n0); err != nil {
+	if err := s.answeredBy(vip, n1); err != nil {
 		t.Error(err)
 	}
 	if err := s.healthy(); err != nil {
@@ -946,9 +1023,10 @@ func testClusterNetworkProgrammingIgnoresResyncs(t *testing.T, env *clusterEnv) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		mf := families["kubeproxy_network_programming_duration_seconds"]
+		// nftproxy's own figure: from a change's arrival.
+		mf := families["nftproxy_network_programming_duration_seconds"]
 		if mf == nil || len(mf.GetMetric()) != 1 {
-			t.Fatalf("kubeproxy_network_programming_duration_seconds: %v", mf)
+			t.Fatalf("nftproxy_network_programming_duration_seconds: %v", mf)
 		}
 		return mf.GetMetric()[0].GetHistogram()
 	}

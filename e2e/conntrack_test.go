@@ -156,16 +156,20 @@ func (s *scenario) ctStats() ctReconcilerStats {
 	s.t.Helper()
 	fams := s.ctMetrics()
 	var st ctReconcilerStats
+	// By ip_family, as kube-proxy: the deletions of both families; each
+	// reconcile is observed in both, so one family counts them.
 	del, ok := fams["kubeproxy_conntrack_reconciler_deleted_entries_total"]
-	if !ok || len(del.Metric) != 1 {
+	if !ok || len(del.Metric) != 2 {
 		s.t.Fatalf("kubeproxy_conntrack_reconciler_deleted_entries_total missing from /metrics")
 	}
-	st.deleted = del.Metric[0].GetCounter().GetValue()
-	dur, ok := fams["kubeproxy_conntrack_reconciler_sync_duration_seconds"]
-	if !ok || len(dur.Metric) != 1 {
+	for _, series := range del.Metric {
+		st.deleted += series.GetCounter().GetValue()
+	}
+	dur := seriesWith(fams["kubeproxy_conntrack_reconciler_sync_duration_seconds"], "ip_family", "IPv4")
+	if dur == nil {
 		s.t.Fatalf("kubeproxy_conntrack_reconciler_sync_duration_seconds missing from /metrics")
 	}
-	h := dur.Metric[0].GetHistogram()
+	h := dur.GetHistogram()
 	st.reconciles, st.seconds = h.GetSampleCount(), h.GetSampleSum()
 	return st
 }

@@ -96,8 +96,8 @@ func startReferenceKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config
 // createNodePortService creates, in the API server, the NodePort service
 // ns/name on port 80 (nodePort np) with one ready endpoint at pod:8080, the
 // objects the manifest svcSpec{name, ip, nodePort: np, endpoints: pod} gives
-// nftproxy.
-func (env *clusterEnv) createNodePortService(ctx context.Context, t *testing.T, ns, name, clusterIP string, np int32, pod string) {
+// nftproxy; mods change the service before it is created.
+func (env *clusterEnv) createNodePortService(ctx context.Context, t *testing.T, ns, name, clusterIP string, np int32, pod string, mods ...func(*v1.Service)) {
 	t.Helper()
 	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		metav1.CreateOptions{}); err != nil {
@@ -107,6 +107,9 @@ func (env *clusterEnv) createNodePortService(ctx context.Context, t *testing.T, 
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: v1.ServiceSpec{Type: v1.ServiceTypeNodePort, ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
 			Ports: []v1.ServicePort{{Name: "p", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: np}}},
+	}
+	for _, m := range mods {
+		m(svc)
 	}
 	if _, err := env.client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create service: %v", err)

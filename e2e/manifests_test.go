@@ -73,11 +73,12 @@ func (s *scenario) syncs() uint64 {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	mf := families["kubeproxy_sync_proxy_rules_duration_seconds"]
-	if mf == nil || len(mf.GetMetric()) != 1 {
-		s.t.Fatalf("no kubeproxy_sync_proxy_rules_duration_seconds in:\n%s", body)
+	// By ip_family, as kube-proxy; each family counts every sync.
+	series := seriesWith(families["kubeproxy_sync_proxy_rules_duration_seconds"], "ip_family", "IPv4")
+	if series == nil {
+		s.t.Fatalf("no IPv4 kubeproxy_sync_proxy_rules_duration_seconds in:\n%s", body)
 	}
-	return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+	return series.GetHistogram().GetSampleCount()
 }
 
 // aliasBomb is YAML whose aliases would expand to 9^9 strings; the decoder

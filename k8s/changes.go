@@ -3,6 +3,9 @@ package k8s
 import (
 	"net/netip"
 	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Changes is what the tracker hands over to a delta sync: the service ports
@@ -16,6 +19,18 @@ type Changes struct {
 	Ports        map[ServicePortName]*ServicePort
 	Node         Node
 	ServiceCIDRs []netip.Prefix
+	// TriggerTimes are the last-change-trigger-time annotations of the
+	// endpoint changes handed over, for kube-proxy's network programming
+	// latency.
+	TriggerTimes []TriggerTime
+}
+
+// TriggerTime is when the controller saw the change that an EndpointSlice
+// carries (its endpoints.kubernetes.io/last-change-trigger-time), and the
+// family of the slice's addresses.
+type TriggerTime struct {
+	Time time.Time
+	IPv6 bool
 }
 
 // TakeChanges hands over the service ports that changed since the last call,
@@ -32,6 +47,14 @@ func (t *Tracker) TakeChanges() Changes {
 	for name := range t.dirty {
 		ch.Ports[name] = t.current(name)
 	}
+	for _, times := range t.triggers {
+		ch.TriggerTimes = append(ch.TriggerTimes, times...)
+	}
+	slices.SortFunc(ch.TriggerTimes, func(a, b TriggerTime) int { return a.Time.Compare(b.Time) })
+	if len(t.triggers) > 0 {
+		t.triggers = map[types.NamespacedName][]TriggerTime{}
+	}
+	t.taken = t.stats
 	// A new map: clearing one costs its capacity, which a start or a
 	// manifest reload made as large as the number of services.
 	t.dirty = map[ServicePortName]struct{}{}

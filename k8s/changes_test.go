@@ -130,3 +130,74 @@ func TestTakeChangesFollowSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeChangesTriggerTimesAndPending: the hand-over carries the
+// last-change-trigger-time of each endpoint change since the previous one,
+// later than the tracker's start, as kube-proxy takes them; the pending
+// counts are the changes not handed over yet.
+func TestTakeChangesTriggerTimesAndPending(t *testing.T) {
+	tr := NewTracker(nil, TrackerOptions{})
+	tr.started = time.Unix(1000, 0)
+	web := svc("default", "web")
+	at := func(sec int64) func(*discoveryv1.EndpointSlice) {
+		return func(s *discoveryv1.EndpointSlice) {
+			s.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Unix(sec, 0).UTC().Format(time.RFC3339Nano)}
+		}
+	}
+	webSlice := func(addr string, mods ...func(*discoveryv1.EndpointSlice)) *discoveryv1.EndpointSlice {
+		s := slice("default", "web-1", "web", discoveryv1.AddressTypeIPv4, ep(addr))
+		for _, m := range mods {
+			m(s)
+		}
+		return s
+	}
+	type pending struct{ services, endpoints uint64 }
+	steps := []struct {
+		name    string
+		change  func()
+		pending pending
+		want    []time.Time
+	}{
+		{"service and slice", func() { tr.SetService(web); tr.SetSlice(webSlice("10.244.0.1", at(1001))) },
+			pending{1, 1}, []time.Time{time.Unix(1001, 0)}},
+		{"nothing", func() {}, pending{}, nil},
+		{"two changes", func() {
+			tr.SetSlice(webSlice("10.244.0.2", at(1002)))
+			tr.SetSlice(webSlice("10.244.0.3", at(1003)))
+		}, pending{0, 2}, []time.Time{time.Unix(1002, 0), time.Unix(1003, 0)}},
+		{"before the start", func() { tr.SetSlice(webSlice("10.244.0.4", at(999))) }, pending{0, 1}, nil},
+		{"no annotation", func() { tr.SetSlice(webSlice("10.244.0.5")) }, pending{0, 1}, nil},
+		{"unparsable", func() {
+			tr.SetSlice(webSlice("10.244.0.6", func(s *discoveryv1.EndpointSlice) {
+				s.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: "yesterday"}
+			}))
+		}, pending{0, 1}, nil},
+		{"annotation alone changed", func() { tr.SetSlice(webSlice("10.244.0.6", at(1010))) }, pending{}, nil},
+		// kube-proxy forgets the service's times when a slice is deleted:
+		// the deleted slice's annotation tells nothing about the deletion.
+		{"changed then deleted", func() {
+			tr.SetSlice(webSlice("10.244.0.7", at(1011)))
+			tr.DeleteSlice("default", "web-1")
+		}, pending{0, 2}, nil},
+	}
+	for _, st := range steps {
+		st.change()
+		s, e := tr.Pending()
+		if got := (pending{s, e}); got != st.pending {
+			t.Errorf("%s: pending %+v, want %+v", st.name, got, st.pending)
+		}
+		var got []time.Time
+		for _, tt := range tr.TakeChanges().TriggerTimes {
+			if tt.IPv6 {
+				t.Errorf("%s: %v of an IPv4 slice reads as IPv6", st.name, tt.Time)
+			}
+			got = append(got, tt.Time)
+		}
+		if diff := cmp.Diff(st.want, got); diff != "" {
+			t.Errorf("%s: trigger times (-want +got):\n%s", st.name, diff)
+		}
+		if s, e := tr.Pending(); s != 0 || e != 0 {
+			t.Errorf("%s: pending %d, %d after the hand-over, want none", st.name, s, e)
+		}
+	}
+}

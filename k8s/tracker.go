@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
@@ -71,6 +72,16 @@ type Tracker struct {
 	// contested: a service change touched a key another port claims; the
 	// conflicts must be found again.
 	contested bool
+
+	// started: trigger times before it are ignored, as kube-proxy does, so
+	// the objects listed at start-up don't count as programmed late.
+	started time.Time
+	// triggers holds, by service, the last-change-trigger-time annotations
+	// of the slice changes since the last TakeChanges.
+	triggers map[types.NamespacedName][]TriggerTime
+	// taken are the counters as of the last TakeChanges: the changes since
+	// are pending.
+	taken Stats
 }
 
 // The entries keep what was derived from an object, not the object: at tens
@@ -110,6 +121,8 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		merged:    map[types.NamespacedName][]ServicePort{},
 		dirty:     map[ServicePortName]struct{}{},
 		claims:    map[claimKey]int{},
+		started:   time.Now(),
+		triggers:  map[types.NamespacedName][]TriggerTime{},
 	}
 }
 
@@ -125,6 +138,15 @@ func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.stats
+}
+
+// Pending counts the service and endpoint changes seen since the last
+// TakeChanges, which no sync has taken yet: kube-proxy's
+// sync_proxy_rules_{service,endpoint}_changes_pending.
+func (t *Tracker) Pending() (services, endpoints uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats.ServiceChanges - t.taken.ServiceChanges, t.stats.EndpointChanges - t.taken.EndpointChanges
 }
 
 // update runs f under the lock, then reports the problems f found and
@@ -368,8 +390,34 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		t.byService[svc][slice.Name] = e
 	}
 	if old == nil || !reflect.DeepEqual(old.eps, eps) {
+		// Once per event, although it may concern two services.
+		if eps != nil || (old != nil && old.eps != nil) {
+			t.stats.EndpointChanges++
+		}
 		t.endpointsChanged(b, old)
 		t.endpointsChanged(b, e)
+		if eps != nil {
+			t.addTrigger(keyOf(eps.Namespace, eps.Service), slice)
+		}
+	}
+}
+
+// addTrigger records the slice's last-change-trigger-time, when it has one
+// since the tracker started: the network programming latency of the
+// Kubernetes SLI runs from it to the end of the sync that applies the change.
+func (t *Tracker) addTrigger(svc types.NamespacedName, slice *discoveryv1.EndpointSlice) {
+	s, ok := slice.Annotations[v1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return
+	}
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.log.Warn("Ignoring an unparsable annotation", zap.String("annotation", v1.EndpointsLastChangeTriggerTime),
+			zap.String("service", svc.String()), zap.String("value", s), zap.Error(err))
+		return
+	}
+	if at.After(t.started) {
+		t.triggers[svc] = append(t.triggers[svc], TriggerTime{Time: at, IPv6: slice.AddressType == discoveryv1.AddressTypeIPv6})
 	}
 }
 
@@ -380,7 +428,15 @@ func (t *Tracker) deleteSlice(b *batch, key types.NamespacedName) {
 	}
 	t.unlinkSlice(key, old)
 	delete(t.slices, key)
+	if old.eps != nil {
+		t.stats.EndpointChanges++
+	}
 	t.endpointsChanged(b, old)
+	if old.eps != nil {
+		// The annotation of a deleted slice tells when it last changed,
+		// not what deleting it took; kube-proxy forgets the service's too.
+		delete(t.triggers, keyOf(old.eps.Namespace, old.eps.Service))
+	}
 }
 
 func (t *Tracker) unlinkSlice(key types.NamespacedName, e *sliceEntry) {
@@ -400,7 +456,6 @@ func (t *Tracker) endpointsChanged(b *batch, e *sliceEntry) {
 	if e == nil || e.eps == nil {
 		return
 	}
-	t.stats.EndpointChanges++
 	key := keyOf(e.eps.Namespace, e.eps.Service)
 	delete(t.merged, key)
 	if svc := t.services[key]; svc != nil {

@@ -132,6 +132,10 @@ type MatchFibSaddrLocal struct{}
 // MatchCtStateInvalid matches packets conntrack considers invalid.
 type MatchCtStateInvalid struct{}
 
+// Counter counts the packets and bytes that reach it: zero when written,
+// the kernel's counts when read back.
+type Counter struct{ Packets, Bytes uint64 }
+
 // MatchCtStatusDNAT matches packets of connections that were DNATed (with
 // Negate, of connections that were not).
 type MatchCtStatusDNAT struct{ Negate bool }
@@ -241,6 +245,7 @@ func (MatchFibSaddrLocal) isExpr()      {}
 func (UpdateSet) isExpr()               {}
 func (UpdateMap) isExpr()               {}
 func (MatchCtStateInvalid) isExpr()     {}
+func (Counter) isExpr()                 {}
 func (MatchCtStatusDNAT) isExpr()       {}
 func (MatchCtStateEstablished) isExpr() {}
 func (MatchIifname) isExpr()            {}

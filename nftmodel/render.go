@@ -338,6 +338,8 @@ func renderExpr(f Family, e Expr) string {
 		return renderUpdateMap(f, e)
 	case MatchCtStateInvalid:
 		return "ct state invalid"
+	case Counter:
+		return fmt.Sprintf("counter packets %d bytes %d", e.Packets, e.Bytes)
 	case MatchCtStatusDNAT:
 		if e.Negate {
 			return "ct status ! dnat"

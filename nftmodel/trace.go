@@ -495,6 +495,7 @@ func (t *tracer) eval(w *walk, r Rule) action {
 			// Affinity state is not modelled: a new client is in no set.
 		case UpdateMap:
 			notes = append(notes, traceUpdateMap(e))
+		case Counter:
 		case MatchCtStateInvalid:
 			// The first packet of a connection is new, never invalid.
 			return action{kind: actNoMatch}

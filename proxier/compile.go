@@ -614,7 +614,8 @@ func (c *compiler) baseChains() []*m.Chain {
 	// (kubelet's KUBE-MARK-DROP is gone), so the bit may mean something else.
 	var forward []m.Rule
 	if c.cfg.DropInvalid {
-		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop}}})
+		// Counted: nftproxy_ct_state_invalid_dropped_packets_total.
+		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Counter{}, m.Verdict{Kind: m.Drop}}})
 	}
 	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
 	// Session affinity remembers where a new connection went, once DNAT
@@ -690,12 +691,14 @@ func (c *compiler) nodePortPrefixes() []netip.Prefix {
 
 // primaryAddr is the node's primary address of the compiled family, as
 // kube-proxy picks it: bindAddress, else the Node's first address.
-func (c *compiler) primaryAddr() netip.Addr {
-	if c.cfg.addrInFamily(c.cfg.BindAddress) && !c.cfg.BindAddress.IsUnspecified() {
-		return c.cfg.BindAddress
+func (c *compiler) primaryAddr() netip.Addr { return primaryAddr(c.cfg, &c.node) }
+
+func primaryAddr(cfg Config, node *k8s.Node) netip.Addr {
+	if cfg.addrInFamily(cfg.BindAddress) && !cfg.BindAddress.IsUnspecified() {
+		return cfg.BindAddress
 	}
-	for _, a := range c.node.Addrs {
-		if c.cfg.addrInFamily(a) {
+	for _, a := range node.Addrs {
+		if cfg.addrInFamily(a) {
 			return a
 		}
 	}

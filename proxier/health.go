@@ -41,9 +41,9 @@ type Health struct {
 func NewHealth(timeout time.Duration) *Health {
 	return &Health{Timeout: timeout, now: time.Now,
 		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kubeproxy_proxy_healthz_total", Help: "Answers of /healthz by HTTP status code."}, []string{"code"}),
+			Name: "kubeproxy_proxy_healthz_total", Help: "Cumulative proxy healthz HTTP status"}, []string{"code"}),
 		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kubeproxy_proxy_livez_total", Help: "Answers of /livez by HTTP status code."}, []string{"code"}),
+			Name: "kubeproxy_proxy_livez_total", Help: "Cumulative proxy livez HTTP status"}, []string{"code"}),
 	}
 }
 

@@ -7,13 +7,16 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/k8s"
+	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // HealthChecks serves the healthCheckNodePort of every service with
@@ -23,14 +26,29 @@ import (
 type HealthChecks struct {
 	log    *zap.Logger
 	health *Health
-	listen func(port uint16) (net.Listener, error)
+	opts   HealthCheckOptions
 
 	mu      sync.Mutex
 	servers map[uint16]*hcServer
 }
 
+// HealthCheckOptions say where the servers listen: on the NodePort
+// addresses of each family the Configs program, as kube-proxy's do.
+type HealthCheckOptions struct {
+	// Configs are the proxier's; none: every address of every family.
+	Configs []Config
+	// LocalAddrs lists the namespace's addresses, for NodePort addresses
+	// given as CIDRs.
+	LocalAddrs func() ([]netip.Addr, error)
+	// Listen opens a listener (default: net.Listen).
+	Listen func(network string, addr netip.AddrPort) (net.Listener, error)
+	// BindFailures counts ports that could not be bound (optional).
+	BindFailures prometheus.Counter
+}
+
 type hcServer struct {
-	srv *http.Server
+	addrs []netip.AddrPort // where it listens
+	srvs  []*http.Server
 
 	mu             sync.Mutex
 	namespace      string
@@ -38,11 +56,65 @@ type hcServer struct {
 	localEndpoints int
 }
 
-// NewHealthChecks returns servers that listen on every address of the
-// daemon's network namespace.
-func NewHealthChecks(log *zap.Logger, health *Health) *HealthChecks {
-	return &HealthChecks{log: log, health: health, servers: map[uint16]*hcServer{},
-		listen: func(port uint16) (net.Listener, error) { return net.Listen("tcp", fmt.Sprintf(":%d", port)) }}
+// NewHealthChecks returns servers that listen where opts say.
+func NewHealthChecks(log *zap.Logger, health *Health, opts HealthCheckOptions) *HealthChecks {
+	if opts.Listen == nil {
+		opts.Listen = func(network string, addr netip.AddrPort) (net.Listener, error) {
+			if !addr.Addr().IsValid() {
+				return net.Listen(network, fmt.Sprintf(":%d", addr.Port()))
+			}
+			return net.Listen(network, addr.String())
+		}
+	}
+	return &HealthChecks{log: log, health: health, opts: opts, servers: map[uint16]*hcServer{}}
+}
+
+// listenAddrs are the addresses the servers listen on, as kube-proxy
+// picks them for each family: the node's primary address with NodePorts on
+// "primary", the local addresses in the NodePort CIDRs otherwise, and the
+// family's every address (unspecified) when it has neither.
+func listenAddrs(cfgs []Config, node *k8s.Node, local []netip.Addr) []netip.Addr {
+	if len(cfgs) == 0 {
+		return []netip.Addr{{}} // one dual-stack wildcard
+	}
+	var out []netip.Addr
+	for _, cfg := range cfgs {
+		every := netip.IPv4Unspecified()
+		if cfg.Family == m.IPv6 {
+			every = netip.IPv6Unspecified()
+		}
+		if cfg.NodePortPrimary {
+			if a := primaryAddr(cfg, node); a.IsValid() && !a.IsLoopback() {
+				out = append(out, a)
+			} else {
+				out = append(out, every)
+			}
+			continue
+		}
+		var prefixes []netip.Prefix
+		for _, p := range cfg.NodePortAddresses {
+			if cfg.inFamily(p) {
+				prefixes = append(prefixes, p)
+			}
+		}
+		if len(prefixes) == 0 || slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+			out = append(out, every)
+			continue
+		}
+		found := false
+		for _, a := range local {
+			if cfg.addrInFamily(a) && slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				out = append(out, a)
+				found = true
+			}
+		}
+		if !found {
+			// kube-proxy listens on every address then, with an error.
+			out = append(out, every)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // Update opens and closes servers to match snap, and updates the counts of
@@ -71,31 +143,38 @@ func (h *HealthChecks) Update(snap *k8s.Snapshot) {
 			}
 		}
 	}
+	var addrs []netip.Addr
+	if len(wanted) > 0 {
+		var local []netip.Addr
+		if h.opts.LocalAddrs != nil {
+			var err error
+			if local, err = h.opts.LocalAddrs(); err != nil {
+				h.log.Error("Listing local addresses failed; health check node ports listen on every address", zap.Error(err))
+			}
+		}
+		addrs = listenAddrs(h.opts.Configs, &snap.Node, local)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for port, s := range h.servers {
-		if wanted[port] == nil {
-			_ = s.srv.Close()
+		if wanted[port] == nil || !slices.Equal(s.addrs, listenAddrPorts(addrs, port)) {
+			s.close()
 			delete(h.servers, port)
 		}
 	}
 	for port, w := range wanted {
 		s := h.servers[port]
 		if s == nil {
-			l, err := h.listen(port)
-			if err != nil {
+			var err error
+			if s, err = h.serve(port, addrs); err != nil {
 				// Retried on the next update; the rules don't depend on it.
+				if h.opts.BindFailures != nil {
+					h.opts.BindFailures.Inc()
+				}
 				h.log.Error("Cannot serve health check node port", zap.Uint16("port", port),
 					zap.String("service", w.namespace+"/"+w.name), zap.Error(err))
 				continue
 			}
-			s = &hcServer{}
-			s.srv = &http.Server{Handler: h.handler(s), ReadHeaderTimeout: 5 * time.Second}
-			go func() {
-				if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					h.log.Error("Health check server failed", zap.Uint16("port", port), zap.Error(err))
-				}
-			}()
 			h.servers[port] = s
 		}
 		s.mu.Lock()
@@ -104,12 +183,53 @@ func (h *HealthChecks) Update(snap *k8s.Snapshot) {
 	}
 }
 
+// serve listens on port of every address, all or none.
+func (h *HealthChecks) serve(port uint16, addrs []netip.Addr) (*hcServer, error) {
+	s := &hcServer{addrs: listenAddrPorts(addrs, port)}
+	for _, ap := range s.addrs {
+		network := "tcp"
+		switch {
+		case ap.Addr().Is4():
+			network = "tcp4"
+		case ap.Addr().Is6():
+			network = "tcp6"
+		}
+		l, err := h.opts.Listen(network, ap)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("listen on %s: %w", ap, err)
+		}
+		srv := &http.Server{Handler: h.handler(s), ReadHeaderTimeout: 5 * time.Second}
+		s.srvs = append(s.srvs, srv)
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.log.Error("Health check server failed", zap.Stringer("address", ap), zap.Error(err))
+			}
+		}()
+	}
+	return s, nil
+}
+
+func listenAddrPorts(addrs []netip.Addr, port uint16) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(addrs))
+	for i, a := range addrs {
+		out[i] = netip.AddrPortFrom(a, port)
+	}
+	return out
+}
+
+func (s *hcServer) close() {
+	for _, srv := range s.srvs {
+		_ = srv.Close()
+	}
+}
+
 // Close stops every server.
 func (h *HealthChecks) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for port, s := range h.servers {
-		_ = s.srv.Close()
+		s.close()
 		delete(h.servers, port)
 	}
 }

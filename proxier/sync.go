@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -30,10 +31,19 @@ type AffinityPruner interface {
 	PruneElements(f m.Family, table string, set *m.Set, keep func(m.Element) bool) (int, error)
 }
 
+// CounterReader is a Kernel that reads the packets its rules' counters
+// counted (nftnl.Kernel): the invalid drops are reported from it.
+type CounterReader interface {
+	CounterPackets(f m.Family, table, chain string) (uint64, error)
+}
+
 // FlowCleaner deletes conntrack flows a sync made stale.
 type FlowCleaner interface {
-	Clean(ctx context.Context, prev, next *k8s.Snapshot) (deleted int, err error)
+	Clean(ctx context.Context, prev, next *k8s.Snapshot) (FlowsDeleted, error)
 }
+
+// FlowsDeleted counts the flows a cleanup deleted, by family.
+type FlowsDeleted struct{ IPv4, IPv6 int }
 
 // Source is where snapshots come from: the tracker.
 type Source interface {
@@ -96,6 +106,12 @@ type Proxier struct {
 	flowsFailed bool
 	// drift: Notify saw another program change our tables.
 	drift *driftSignal
+	// noLocal counts, by family, the service ports whose Local traffic
+	// policy finds no local endpoint, as of the last successful sync.
+	noLocal map[m.Family]*noLocalCounts
+	// invalid counts the packets dropped as conntrack-invalid; nil when the
+	// kernel can't read counters.
+	invalid *invalidDrops
 }
 
 // New returns a Proxier; the first sync it makes is full.
@@ -110,11 +126,51 @@ func New(opts Options) *Proxier {
 		opts.Health = NewHealth(2 * max(opts.SyncPeriod, time.Second))
 	}
 	var families []string
+	var fams []m.Family
+	noLocal := map[m.Family]*noLocalCounts{}
 	for _, c := range opts.Configs {
-		families = append(families, map[m.Family]string{m.IPv4: "IPv4", m.IPv6: "IPv6"}[c.Family])
+		families = append(families, familyLabel(c.Family))
+		fams = append(fams, c.Family)
+		noLocal[c.Family] = &noLocalCounts{}
 	}
 	opts.Health.SetFamilies(families...)
-	return &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal()}
+	opts.Metrics.initFamilies(fams)
+	p := &Proxier{opts: opts, applied: map[m.Family]*incremental{}, drift: newDriftSignal(), noLocal: noLocal}
+	if cr, ok := opts.Kernel.(CounterReader); ok {
+		p.invalid = newInvalidDrops(cr, opts.Configs, opts.Logger)
+		// Another proxier on the same metrics registered one already.
+		_ = opts.Metrics.Registry.Register(p.invalid)
+	}
+	return p
+}
+
+// pendingCounter is a source that counts the changes no sync has taken yet.
+type pendingCounter interface {
+	Pending() (services, endpoints uint64)
+}
+
+// queued records that a sync is wanted, for /healthz and kube-proxy's
+// last-queued timestamp.
+func (p *Proxier) queued() {
+	p.opts.Health.Queued()
+	for _, c := range p.opts.Configs {
+		p.opts.Metrics.SyncLastQueued.WithLabelValues(familyLabel(c.Family)).SetToCurrentTime()
+	}
+}
+
+// observeProgramming records kube-proxy's network programming latency of
+// the endpoint changes a successful sync applied, in their family.
+func (p *Proxier) observeProgramming(triggers []k8s.TriggerTime, done time.Time) {
+	for _, tt := range triggers {
+		f := m.IPv4
+		if tt.IPv6 {
+			f = m.IPv6
+		}
+		if !slices.ContainsFunc(p.opts.Configs, func(c Config) bool { return c.Family == f }) {
+			continue
+		}
+		p.opts.Metrics.NetworkProgramming.WithLabelValues(familyLabel(f)).Observe(done.Sub(tt.Time).Seconds())
+	}
 }
 
 // retryDelay is the least wait after a failed sync, so a kernel that keeps
@@ -132,7 +188,13 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 	// none waits, so a periodic resync is not counted as programming.
 	var lastSync, queuedAt time.Time
 	var failed bool
-	p.opts.Health.Queued()
+	// triggers are the trigger times of the changes taken and not yet
+	// applied: a failed sync's are applied by the retry.
+	var triggers []k8s.TriggerTime
+	if pc, ok := src.(pendingCounter); ok {
+		p.opts.Metrics.watchPending(pc.Pending)
+	}
+	p.queued()
 	queuedAt = time.Now()
 	for {
 		var due <-chan time.Time
@@ -151,7 +213,7 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 				queuedAt = time.Now()
 			}
 			pending = true
-			p.opts.Health.Queued()
+			p.queued()
 			continue
 		case <-resync.C:
 			if !failed && p.unchanged() {
@@ -172,17 +234,19 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 				p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
 			}
 			pending, full = true, true
+			p.queued()
 			continue
 		case <-due:
 		}
 		syncStart := time.Now()
 		var err error
+		// Taken first: the snapshot holds at least what was handed over.
+		ch := src.TakeChanges()
+		triggers = append(triggers, ch.TriggerTimes...)
 		if full {
-			// Taken first: the snapshot holds at least what was handed over.
-			src.TakeChanges()
 			err = p.Sync(ctx, src.Snapshot(), true)
 		} else {
-			err = p.SyncChanges(ctx, src.TakeChanges())
+			err = p.SyncChanges(ctx, ch)
 		}
 		lastSync = time.Now()
 		failed = err != nil
@@ -193,8 +257,10 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		if full {
 			p.drift.settledBy(syncStart)
 		}
+		p.observeProgramming(triggers, lastSync)
+		triggers = nil
 		if !queuedAt.IsZero() {
-			p.opts.Metrics.NetworkProgramming.Observe(lastSync.Sub(queuedAt).Seconds())
+			p.opts.Metrics.ChangeToKernel.Observe(lastSync.Sub(queuedAt).Seconds())
 			queuedAt = time.Time{}
 		}
 		if full && p.opts.ReleaseMemory {
@@ -217,7 +283,9 @@ func (p *Proxier) unchanged() bool {
 	}
 	gen := p.gen
 	p.opts.Metrics.ResyncsSkipped.Inc()
-	p.opts.Metrics.SyncLastTimestamp.SetToCurrentTime()
+	for _, c := range p.opts.Configs {
+		p.opts.Metrics.SyncLastTimestamp.WithLabelValues(familyLabel(c.Family)).SetToCurrentTime()
+	}
 	p.opts.Logger.Debug("Resync skipped: no nftables commit since the last sync", zap.Uint32("generation", gen))
 	return true
 }
@@ -323,11 +391,13 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	defer resume()
 	allFull := true
 	var commits uint32
+	kinds := make([]string, len(p.opts.Configs))
 	serviceChanges, endpointChanges := countChanges(in.ports)
 	mt.ServiceChanges.Add(float64(serviceChanges))
 	mt.EndpointChanges.Add(float64(endpointChanges))
-	for _, cfg := range p.opts.Configs {
+	for i, cfg := range p.opts.Configs {
 		state, stats, kind, err := p.apply(&in, cfg)
+		kinds[i] = kind
 		if err == nil {
 			var pruned int
 			pruned, err = p.pruneAffinity(state, cfg)
@@ -340,6 +410,7 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 			// from; the families synced before this one are past it.
 			clear(p.applied)
 			mt.SyncFailures.Inc()
+			mt.NFTablesFailures.WithLabelValues(familyLabel(cfg.Family)).Inc()
 			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
 				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
 			return fmt.Errorf("sync %s table: %w", cfg.Family, err)
@@ -374,12 +445,25 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 		p.drift.raise(tamperUnknown)
 	}
 	elapsed := time.Since(start)
-	mt.SyncDuration.Observe(elapsed.Seconds())
-	mt.SyncLastTimestamp.SetToCurrentTime()
+	p.countNoLocal(&in)
+	for i, cfg := range p.opts.Configs {
+		family := familyLabel(cfg.Family)
+		mt.SyncDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		if kinds[i] == "full" {
+			mt.SyncFullDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		} else {
+			mt.SyncPartialDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		}
+		mt.SyncLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+		nl := p.noLocal[cfg.Family]
+		mt.NoLocalEndpoints.WithLabelValues("internal", family).Set(float64(nl.internal))
+		mt.NoLocalEndpoints.WithLabelValues("external", family).Set(float64(nl.external))
+	}
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
 		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
-	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports)) {
+	// The servers listen on the node's addresses: a node change may move them.
+	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports) || !reflect.DeepEqual(p.node, in.node)) {
 		p.opts.HealthChecks.Update(in.snapshot(p.ports))
 	}
 	if p.opts.Flows != nil {
@@ -392,6 +476,33 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	}
 	p.node = in.node
 	return nil
+}
+
+// countNoLocal brings the no-local-endpoints counts to the sync's state:
+// along the changed ports, as the counts follow the last sync's ports; from
+// the whole state on a full sync, the first one, or when the node's name,
+// which tells the local endpoints, changed.
+func (p *Proxier) countNoLocal(in *syncInput) {
+	rebuild := in.full || p.ports == nil || p.node.Name != in.node.Name
+	for _, cfg := range p.opts.Configs {
+		c := p.noLocal[cfg.Family]
+		if rebuild {
+			snap := in.snapshot(p.ports)
+			*c = noLocalCounts{}
+			for i := range snap.Services {
+				sp := &snap.Services[i]
+				c.set(sp.Name, noLocalOf(sp, &in.node, cfg))
+			}
+			continue
+		}
+		for _, pc := range in.ports {
+			var v noLocal
+			if pc.new != nil {
+				v = noLocalOf(pc.new, &in.node, cfg)
+			}
+			c.set(pc.name(), v)
+		}
+	}
 }
 
 // apply brings one family's table to the sync's state: only the changes of
@@ -419,7 +530,12 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 		}
 	}
 	state, desired := newIncremental(in.snapshot(p.ports), cfg, slots)
+	// The full apply writes the counting rule anew, from zero.
+	counted := p.invalid.beforeRewrite(cfg)
 	stats, err := p.opts.Kernel.Apply(desired)
+	if err == nil {
+		p.invalid.rewritten(cfg.Family, counted)
+	}
 	return state, stats, "full", err
 }
 
@@ -462,9 +578,19 @@ func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 		// then hold them too.
 		next = in.snapshot(p.ports)
 	}
-	deleted, err := p.opts.Flows.Clean(ctx, prev, next)
-	p.opts.Metrics.ConntrackDuration.Observe(time.Since(start).Seconds())
-	p.opts.Metrics.ConntrackDeleted.Add(float64(deleted))
+	byFamily, err := p.opts.Flows.Clean(ctx, prev, next)
+	deleted := byFamily.IPv4 + byFamily.IPv6
+	// One cleanup covers both families: each family observes it, as the
+	// sync durations do.
+	for _, c := range p.opts.Configs {
+		family := familyLabel(c.Family)
+		p.opts.Metrics.ConntrackDuration.WithLabelValues(family).Observe(time.Since(start).Seconds())
+		n := byFamily.IPv4
+		if c.Family == m.IPv6 {
+			n = byFamily.IPv6
+		}
+		p.opts.Metrics.ConntrackDeleted.WithLabelValues(family).Add(float64(n))
+	}
 	p.flowsFailed = err != nil
 	if err != nil {
 		p.opts.Metrics.ConntrackFailures.Inc()

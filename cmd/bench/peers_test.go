@@ -161,6 +161,10 @@ func TestParseHistogram(t *testing.T) {
 	}{
 		{"kube-proxy, IPv4 series only", kubeProxyMetrics, histogram{sum: 18.25, count: 2}},
 		{"nftproxy, no labels, a timestamp", nftproxyMetrics, histogram{sum: 0.1745, count: 1}},
+		{"nftproxy, each sync under both families", "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 0.5\n" +
+			"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2\n" +
+			"kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv6\"} 0.5\n" +
+			"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 2\n", histogram{sum: 0.5, count: 2}},
 		{"before the first sync", "# TYPE go_goroutines gauge\ngo_goroutines 12\n", histogram{}},
 	}
 	for _, tt := range tests {

@@ -24,8 +24,9 @@ func (h histogram) sub(prev histogram) histogram {
 // parseHistogram reads the _sum and _count of the histogram name from a
 // /metrics page. kube-proxy labels its series with ip_family and runs a
 // proxier per family; only the IPv4 series count, as the workloads are
-// IPv4. A series without that label (nftproxy's, which syncs both families
-// at once) counts whole. A histogram vector has no series before its first
+// IPv4. nftproxy syncs both families at once and observes each whole sync
+// under both labels, so its IPv4 series is every sync; a series without
+// the label (nftproxy before it had one) counts whole. A histogram vector has no series before its first
 // observation, so an absent histogram reads as empty.
 func parseHistogram(page, name string) (histogram, error) {
 	var h histogram

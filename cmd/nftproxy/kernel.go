@@ -17,9 +17,9 @@ import (
 // flowCleaner adapts the conntrack reconciler to the proxier.
 type flowCleaner struct{ r *conntrack.Reconciler }
 
-func (f flowCleaner) Clean(ctx context.Context, prev, next *k8s.Snapshot) (int, error) {
+func (f flowCleaner) Clean(ctx context.Context, prev, next *k8s.Snapshot) (proxier.FlowsDeleted, error) {
 	res, err := f.r.Reconcile(ctx, prev, next)
-	return res.Deleted, err
+	return proxier.FlowsDeleted{IPv4: res.Deleted - res.DeletedIPv6, IPv6: res.DeletedIPv6}, err
 }
 
 // cleanup removes nftproxy's tables of both families from this namespace.

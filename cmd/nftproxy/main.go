@@ -67,6 +67,9 @@ func run(args []string) error {
 	if err := o.applyConfigFile(fs); err != nil {
 		return err
 	}
+	if err := o.applyKubeProxyFlags(fs); err != nil {
+		return err
+	}
 	logger := newLogger(o.verbosity)
 	routeKlog(logger, o.verbosity)
 	defer func() { _ = logger.Sync() }()
@@ -80,6 +83,10 @@ func run(args []string) error {
 	defer stop()
 	switch cmd {
 	case "run":
+		if o.kp.cleanup {
+			logger.Info("--cleanup: removing nftproxy's tables and exiting, as kube-proxy --cleanup removes its rules")
+			return cleanup()
+		}
 		logger.Info("Starting nftproxy", zap.String("version", version), zap.String("commit", commit))
 		return runDaemon(ctx, &o, logger)
 	case "version":

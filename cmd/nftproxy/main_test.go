@@ -31,6 +31,7 @@ func TestBadInvocationsFailWithAReason(t *testing.T) {
 		{[]string{"dump", "--config", "/does/not/exist"}, "read config file"},
 		{[]string{"explain", "--manifests", "../../deploy/examples", "--dst", "10.96.0.10", "--port", "0"}, "--port"},
 		{[]string{"run", "stray"}, "unexpected argument"},
+		{[]string{"dump", "--proxy-mode", "kernelspace", "--manifests", "x"}, "--proxy-mode \"kernelspace\""},
 	}
 	for _, tt := range tests {
 		err := run(tt.args)

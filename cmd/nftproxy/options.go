@@ -53,6 +53,11 @@ type options struct {
 	kubeAPIContentType  string
 	writeConfigTo       string
 	initOnly            bool
+	kp                  kubeProxyFlags
+	// proxyMode is kube-proxy's mode the configuration was written for
+	// (--proxy-mode or the config file's; empty: nftables); iptables and
+	// ipvs keep their NodePort default, every local address.
+	proxyMode string
 
 	// warnings found while reading the configuration, logged once the
 	// logger exists.
@@ -100,6 +105,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "content type of requests to the API server")
 	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration as a KubeProxyConfiguration to this file and exit")
 	fs.BoolVar(&o.initOnly, "init-only", false, "set up the node (sysctls, conntrack tuning) and exit, as kube-proxy's init container does")
+	o.kp.register(fs)
 }
 
 // conntrackTuning is kube-proxy's conntrack section.
@@ -116,7 +122,7 @@ type conntrackTuning struct {
 // nftproxy's own, which no KubeProxyConfiguration field holds.
 var flagsBesideConfig = map[string]bool{"v": true, "hostname-override": true, "config": true,
 	"write-config-to": true, "init-only": true, "manifests": true, "node-ip": true, "service-cidr": true,
-	"conntrack": true, "localhost-nodeports": true, "cleanup-kube-proxy": true, "src": true, "dst": true, "proto": true, "port": true}
+	"conntrack": true, "localhost-nodeports": true, "cleanup-kube-proxy": true, "cleanup": true, "master": true, "src": true, "dst": true, "proto": true, "port": true}
 
 // kubeProxyConfiguration is KubeProxyConfiguration v1alpha1 as kube-proxy
 // v1.36 has it: every field is known, so strict decoding finds the unknown
@@ -254,6 +260,10 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	// default is every address and whose localhostNodePorts defaults to on.
 	var masqBit *int
 	var syncPeriod, minSyncPeriod *string
+	d.proxyMode = c.Mode
+	if c.Mode == "" {
+		d.proxyMode = "iptables"
+	}
 	switch c.Mode {
 	case "nftables":
 		d.masqueradeAll, masqBit = c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit
@@ -377,7 +387,9 @@ func (o *options) compileConfigs() ([]proxier.Config, error) {
 		return nil, err
 	}
 	var npAddrs []netip.Prefix
-	primary := o.nodePortAddresses == "" || o.nodePortAddresses == "primary"
+	// Empty means primary in nftables mode, every address in the others, as
+	// kube-proxy has it.
+	primary := o.nodePortAddresses == "primary" || (o.nodePortAddresses == "" && o.proxyMode != "iptables" && o.proxyMode != "ipvs")
 	if !primary {
 		if npAddrs, err = parsePrefixes("--nodeport-addresses", o.nodePortAddresses); err != nil {
 			return nil, err
@@ -503,6 +515,11 @@ func effectiveConfig(o *options) kubeProxyConfiguration {
 	c.DetectLocal.BridgeInterface, c.DetectLocal.InterfaceNamePrefix = o.bridgeInterface, o.interfaceNamePrefix
 	c.ClusterCIDR = o.clusterCIDRs
 	c.NodePortAddresses = splitList(o.nodePortAddresses)
+	if len(c.NodePortAddresses) == 0 && (o.proxyMode == "iptables" || o.proxyMode == "ipvs") {
+		// Every address, which empty means in those modes only: in
+		// nftables mode (what this configuration says) it means primary.
+		c.NodePortAddresses = []string{"0.0.0.0/0", "::/0"}
+	}
 	c.OOMScoreAdj = &o.oomScoreAdj
 	c.Conntrack.MaxPerCore, c.Conntrack.Min = &o.ct.maxPerCore, &o.ct.min
 	c.Conntrack.TCPEstablishedTimeout, c.Conntrack.TCPCloseWaitTimeout = dur(o.ct.tcpEstablished), dur(o.ct.tcpCloseWait)

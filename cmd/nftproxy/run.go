@@ -50,6 +50,10 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 	}
 	metrics := proxier.NewMetrics()
+	metrics.Registry.MustRegister(proxier.BuildInfo(version, commit))
+	clientMetrics := k8s.NewClientMetrics()
+	metrics.Registry.MustRegister(clientMetrics.Collectors()...)
+	k8s.RegisterClientMetrics(clientMetrics)
 	tracker, err := newTracker(o, log, metrics)
 	if err != nil {
 		return err
@@ -85,7 +89,8 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	hc := proxier.NewHealthChecks(log, health)
+	hc := proxier.NewHealthChecks(log, health, proxier.HealthCheckOptions{Configs: cfgs,
+		LocalAddrs: conntrack.InterfaceAddrs, BindFailures: metrics.HealthCheckBindFailures})
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
 		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
@@ -176,8 +181,8 @@ func startSource(ctx context.Context, o *options, log *zap.Logger, tracker *k8s.
 	}
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if o.kubeconfig != "" || o.kp.master != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.kp.master, o.kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}

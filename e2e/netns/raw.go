@@ -30,6 +30,8 @@ type RawFrame struct {
 	Proto            uint8            // 6 TCP (a SYN is sent) or 132 SCTP (Payload is the whole SCTP packet)
 	SrcPort, DstPort uint16
 	Payload          []byte
+	// TCPFlags are the flags of the TCP segment sent; 0 means SYN.
+	TCPFlags uint8
 }
 
 // MAC returns the hardware address of an interface in the namespace.
@@ -177,7 +179,10 @@ func ipv4Packet(f RawFrame) []byte {
 		binary.BigEndian.PutUint16(l4[2:], f.DstPort)
 		binary.BigEndian.PutUint32(l4[4:], 0x1000)
 		l4[12] = 5 << 4
-		l4[13] = TCPSyn
+		l4[13] = f.TCPFlags
+		if l4[13] == 0 {
+			l4[13] = TCPSyn
+		}
 		binary.BigEndian.PutUint16(l4[14:], 64240)
 		src, dst := f.Src.As4(), f.Dst.As4()
 		pseudo := append(append(append([]byte{}, src[:]...), dst[:]...), 0, unix.IPPROTO_TCP, 0, byte(len(l4)))

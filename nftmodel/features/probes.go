@@ -171,7 +171,7 @@ func programFib(b *build) {
 func programCt(b *build) {
 	_, fwd, _ := b.filterChains()
 	_, _, post := b.natChains()
-	rule(fwd, m.MatchCtStateInvalid{}, m.Verdict{Kind: m.Drop})
+	rule(fwd, m.MatchCtStateInvalid{}, m.Counter{}, m.Verdict{Kind: m.Drop})
 	rule(post, m.MatchCtStatusDNAT{}, m.MatchCtStateEstablished{Negate: true})
 }
 

@@ -44,6 +44,7 @@ func Exprs(f nftmodel.Family) []nftmodel.Expr {
 		nftmodel.MatchFibDaddrLocal{},
 		nftmodel.MatchFibSaddrLocal{},
 		nftmodel.MatchCtStateInvalid{},
+		nftmodel.Counter{},
 		nftmodel.MatchCtStatusDNAT{},
 		nftmodel.MatchCtStatusDNAT{Negate: true},
 		nftmodel.MatchCtStateEstablished{},

@@ -248,6 +248,8 @@ func (enc *ruleEncoder) add(e nftmodel.Expr) error {
 		enc.emit(updateMapExprs(f, e))
 	case nftmodel.MatchCtStateInvalid:
 		enc.emit(ctBitTest(expr.CtKeySTATE, expr.CtStateBitINVALID, true))
+	case nftmodel.Counter:
+		enc.emit([]expr.Any{&expr.Counter{Packets: e.Packets, Bytes: e.Bytes}})
 	case nftmodel.MatchCtStatusDNAT:
 		enc.emit(ctBitTest(expr.CtKeySTATUS, ctStatusDNAT, !e.Negate))
 	case nftmodel.MatchCtStateEstablished:

@@ -133,7 +133,7 @@ func fullRuleset() *nftmodel.Ruleset {
 				nlRule(nftmodel.MatchIifname{Name: "cali*"}, nftmodel.Verdict{Kind: nftmodel.Accept}),
 				nlRule(nftmodel.MatchIifname{Name: "eth0", Negate: true}, nftmodel.Verdict{Kind: nftmodel.Accept})),
 			nlBase("filter-forward", nftmodel.TypeFilter, nftmodel.HookForward, 0,
-				nlRule(nftmodel.MatchCtStateInvalid{}, nftmodel.Verdict{Kind: nftmodel.Drop}),
+				nlRule(nftmodel.MatchCtStateInvalid{}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop}),
 				nlRule(nftmodel.MatchMark{Mask: 0x8000, IsSet: true}, nftmodel.Verdict{Kind: nftmodel.Drop})),
 			nlBase("filter-output", nftmodel.TypeFilter, nftmodel.HookOutput, 0, nlRule(nlJump("reject-chain"))),
 			{Name: "services", Rules: []nftmodel.Rule{
@@ -227,7 +227,7 @@ func full6Ruleset() *nftmodel.Ruleset {
 				nlRule(nftmodel.Masquerade{FullyRandom: true}),
 				nlRule(nftmodel.MatchCtStatusDNAT{}, nftmodel.MatchSet{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr}, Set: "hairpin"}, nftmodel.Masquerade{})),
 			nlBase("filter-forward", nftmodel.TypeFilter, nftmodel.HookForward, 0,
-				nlRule(nftmodel.MatchCtStateInvalid{}, nftmodel.Verdict{Kind: nftmodel.Drop}),
+				nlRule(nftmodel.MatchCtStateInvalid{}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop}),
 				nlRule(nftmodel.MatchFibDaddrLocal{}, nftmodel.MatchSet{Key: []nftmodel.Field{nftmodel.FieldDaddr}, Set: "nodeport-ips"}, nftmodel.Verdict{Kind: nftmodel.Accept}),
 				nlRule(nftmodel.MatchIifname{Name: "veth*"}, nftmodel.MatchL4Proto{Proto: 17}, nftmodel.MatchCtStateEstablished{Negate: true}, nftmodel.Verdict{Kind: nftmodel.Accept}),
 				nlRule(nftmodel.Reject{TCPReset: true}),

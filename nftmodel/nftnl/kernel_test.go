@@ -608,7 +608,7 @@ func TestReadRefusesWhatTheModelLacks(t *testing.T) {
 		{"typeof with a field the model lacks", "table ip t {\n set s {\n typeof ip daddr . ip protocol\n }\n}", "read set s: typeof key: part 1: expression type 7"},
 		{"typeof of one expression", "table ip t {\n set s {\n typeof ip daddr\n }\n}", "read set s: typeof key: not a concatenation"},
 		{"interval set", "table ip t {\n set s {\n type ipv4_addr\n flags interval\n }\n}", "read set s: declared with flags"},
-		{"expression", "table ip t {\n chain c {\n counter\n }\n}", "read chain c: read rule 1: expression 1 (Counter): no model expression writes this"},
+		{"expression", "table ip t {\n chain c {\n limit rate 10/second\n }\n}", "read chain c: read rule 1: expression 1 (Limit): no model expression writes this"},
 		{"base chain policy", "table ip t {\n chain c {\n type filter hook input priority 0; policy drop;\n }\n}", "read chain c: a base chain nftproxy doesn't write"},
 	}
 	ns, conn := nftNS(t)

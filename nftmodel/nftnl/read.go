@@ -410,6 +410,8 @@ func (d *ruleDecoder) next() (nftmodel.Expr, int, error) {
 	switch e := d.at(0).(type) {
 	case *expr.Payload:
 		return d.prefix(e)
+	case *expr.Counter:
+		return nftmodel.Counter{Packets: e.Packets, Bytes: e.Bytes}, 1, nil
 	case *expr.Meta:
 		switch {
 		case e.Key == expr.MetaKeyL4PROTO:
