@@ -388,6 +388,22 @@ func (s *clusterScenario) pods(i ...int) ([]netip.Addr, []string) {
 	return addrs, names
 }
 
+// webWithSession serves "web" at vip (and nodePort unless 0) by pods 0 and
+// 1, waits until both answer and opens a TCP session to vip; the caller
+// closes it. It returns the pods' names and the session.
+func (s *clusterScenario) webWithSession(vip netip.AddrPort, nodePort uint16) ([]string, *netns.TCPSession) {
+	s.t.Helper()
+	s.service("web", vip.Addr().String(), int32(nodePort))
+	a01, n01 := s.pods(0, 1)
+	s.slice("web", "web-a", a01...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n01, sess
+}
+
 // answeredBy asks addr from the client namespace several times per wanted
 // name and reports unless every answer came from a wanted pod and every
 // wanted pod answered.
@@ -564,14 +580,7 @@ func testClusterAPIServerOutage(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-outage")
 	vip := netip.MustParseAddrPort("10.96.22.10:80")
 	np := netip.AddrPortFrom(netns.NodeAddr, 30220)
-	s.service("web", vip.Addr().String(), int32(np.Port()))
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, np.Port())
 	defer sess.Close()
 
 	env.srv.StopAPIServer()
@@ -673,14 +682,7 @@ func testClusterDaemonRestart(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-restart")
 	vip := netip.MustParseAddrPort("10.96.23.10:80")
 	np := netip.AddrPortFrom(netns.NodeAddr, 30230)
-	s.service("web", vip.Addr().String(), int32(np.Port()))
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, np.Port())
 	defer sess.Close()
 	echo := func(when string) {
 		t.Helper()
@@ -732,14 +734,7 @@ func clusterFirstSyncFull(d *Daemon) bool {
 func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-restart-down")
 	vip := netip.MustParseAddrPort("10.96.27.10:80")
-	s.service("web", vip.Addr().String(), 0)
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, 0)
 	defer sess.Close()
 	before := s.ruleset()
 
