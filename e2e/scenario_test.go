@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,25 +17,7 @@ import (
 // binary is the nftproxy built once for all scenarios (empty when not root).
 var binary string
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code := func() int {
-		if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
-			dir, err := os.MkdirTemp("", "nftproxy-e2e-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			if binary, err = Build(dir); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(RunTests(m, &binary)) }
 
 // scenario is a topology with nftproxy running in its node namespace from a
 // manifest directory the test writes.

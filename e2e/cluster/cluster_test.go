@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"maps"
 	"net/http"
@@ -34,25 +33,7 @@ import (
 // binary is the nftproxy built once for the tier (empty when not root).
 var binary string
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code := func() int {
-		if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
-			dir, err := os.MkdirTemp("", "nftproxy-cluster-bin-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			if binary, err = e2e.Build(dir); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(e2e.RunTests(m, &binary)) }
 
 // env is the cluster every subtest shares; each subtest has its own
 // Kubernetes namespace, ClusterIPs and NodePorts, and deletes its objects.
