@@ -466,23 +466,7 @@ func clusterRefused(err error) bool {
 // get fetches url from inside the node namespace, where the daemon's
 // health and metrics servers listen on loopback.
 func (s *clusterScenario) get(url string) (int, []byte, error) {
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return s.topo.Node.Dial(ctx, network, addr)
-	}}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	return s.topo.Node.Get(s.ctx, url)
 }
 
 // healthy checks /healthz: 200, healthy and nodeEligible in kube-proxy's
