@@ -19,6 +19,32 @@ var binary string
 
 func TestMain(m *testing.M) { os.Exit(RunTests(m, &binary)) }
 
+// startOnManifest runs nftproxy in topo's node namespace as node-1 on a
+// manifest directory holding manifest, without health or metrics servers,
+// and waits (within ctx) for its first sync. The test's end stops it.
+func startOnManifest(ctx context.Context, t *testing.T, topo *netns.Topology, manifest string, args ...string) *Daemon {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(topo.Node, binary, append([]string{"--manifests", dir, "--hostname-override", clusterNode,
+		"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", ""}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = d.Stop()
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	if err := d.WaitSynced(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // scenario is a topology with nftproxy running in its node namespace from a
 // manifest directory the test writes.
 type scenario struct {
