@@ -250,19 +250,8 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 // the test ends) and waits for its first sync.
 func (s *clusterScenario) startDaemon() {
 	s.t.Helper()
-	d, err := StartWithEnv(s.topo.Node, s.daemonEnv, binary, s.args...)
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	d := startUntilCleanup(s.t, s.topo.Node, s.daemonEnv, s.args...)
 	s.d = d
-	s.t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			s.t.Error(err)
-		}
-		if s.t.Failed() {
-			s.t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	if err := d.WaitSynced(s.ctx, 1); err != nil {
 		s.t.Fatal(err)
 	}
@@ -750,19 +739,8 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 		t.Errorf("SIGTERM while waiting for the API server: %v, %v:\n%s", err, d.cmd.ProcessState, d.Log())
 	}
 
-	d, err = Start(s.topo.Node, binary, s.args...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startUntilCleanup(t, s.topo.Node, nil, s.args...)
 	s.d = d
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	time.Sleep(time.Second) // long enough to have applied something if it were going to
 	if n := d.Syncs(); n != 0 {
 		t.Errorf("synced %d times without an API server", n)

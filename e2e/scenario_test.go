@@ -19,6 +19,26 @@ var binary string
 
 func TestMain(m *testing.M) { os.Exit(RunTests(m, &binary)) }
 
+// startUntilCleanup starts nftproxy in ns with the environment env (nil:
+// the test's); the test's end stops it, reports a failed stop, and shows
+// the daemon's log if the test failed.
+func startUntilCleanup(t testing.TB, ns *netns.NS, env []string, args ...string) *Daemon {
+	t.Helper()
+	d, err := StartWithEnv(ns, env, binary, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	return d
+}
+
 // startOnManifest runs nftproxy in topo's node namespace as node-1 on a
 // manifest directory holding manifest, without health or metrics servers,
 // and waits (within ctx) for its first sync. The test's end stops it.
@@ -83,19 +103,8 @@ func newScenario(t testing.TB, pods int, manifests map[string]string, args ...st
 	}
 	base := []string{"--manifests", s.dir, "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249", "--min-sync-period", "100ms", "-v", "2"}
-	d, err := Start(s.topo.Node, binary, append(base, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := startUntilCleanup(t, s.topo.Node, nil, append(base, args...)...)
 	s.d = d
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	if err := d.WaitSynced(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
