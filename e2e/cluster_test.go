@@ -223,27 +223,36 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
 	s := &clusterScenario{t: t, env: env, ns: ns, ctx: ctx}
-	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", ns, err)
-	}
-	// Registered before the daemon's cleanup, so it runs after the daemon
-	// stopped: later scenarios start from a cluster without these objects.
-	t.Cleanup(s.deleteAll)
-
-	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2k", Pods: 3})
-	for _, p := range s.topo.Pods {
-		if _, err := p.ServeName("tcp", 8080); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.relay, s.kubeconfig = relayToAPIServer(t, env, s.topo.Node)
+	s.setUp("e2k", 3)
 	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
 		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 		"--min-sync-period", "100ms", "-v", "2"}, args...)
 	s.startDaemon()
 	return s
+}
+
+// setUp makes the scenario's namespace in the API server, deleting its
+// objects when the test ends, builds a topology of pods pods serving their
+// names on tcp/8080, and relays the node namespace to the API server.
+func (s *clusterScenario) setUp(prefix string, pods int) {
+	t := s.t
+	t.Helper()
+	if _, err := s.env.client.CoreV1().Namespaces().Create(s.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", s.ns, err)
+	}
+	// Registered before the daemon's cleanup, so it runs after the daemon
+	// stopped: later scenarios start from a cluster without these objects.
+	t.Cleanup(s.deleteAll)
+
+	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: prefix, Pods: pods})
+	for _, p := range s.topo.Pods {
+		if _, err := p.ServeName("tcp", 8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.relay, s.kubeconfig = relayToAPIServer(t, s.env, s.topo.Node)
 }
 
 // startDaemon starts nftproxy with the scenario's flags (stopping it when
