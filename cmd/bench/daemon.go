@@ -37,6 +37,7 @@ const (
 type daemonFigures struct {
 	startMS            float64 // exec to the first sync logged
 	firstRSS, steadyRS float64 // MiB after the first sync, after the resyncs
+	loadPeak           float64 // MiB, VmHWM when the manifests were loaded, before the first sync
 	peak               float64 // MiB, VmHWM
 	heapAlloc          float64 // MiB, go_memstats_heap_alloc_bytes at the end
 	releaseMS          float64 // giving the first sync's garbage back, as logged
@@ -67,6 +68,9 @@ func daemonPhase(res *Results, o *options) error {
 		res.add(n, metricDaemonRSS, methodDaemonFirst, f.firstRSS)
 		res.add(n, metricDaemonRSS, methodDaemon, f.steadyRS)
 		res.add(n, metricDaemonPeak, methodDaemon, f.peak)
+		if f.loadPeak > 0 {
+			res.add(n, metricDaemonPeak, methodDaemonLoaded, f.loadPeak)
+		}
 		res.add(n, metricDaemonHeap, methodDaemon, f.heapAlloc)
 		if f.releaseMS > 0 {
 			res.add(n, metricDaemonRelease, methodDaemon, f.releaseMS)
@@ -111,9 +115,16 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		ctx, cancel := context.WithTimeout(context.Background(), daemonSyncTimeout)
 		defer cancel()
 		// The daemon logs one JSON line per sync, and with -v 2 one per
-		// periodic resync it skipped.
+		// periodic resync it skipped, and one when it loaded the
+		// manifests: the peak then is decoding's, before the first sync
+		// (which starts at once, so up to one poll of it may count).
 		waitSyncs := func(want int) error {
 			for strings.Count(log.String(), `"msg":"Synced"`)+strings.Count(log.String(), `"msg":"Resync skipped`) < want {
+				if f.loadPeak == 0 && strings.Contains(log.String(), `"msg":"Loaded manifests"`) {
+					if st, err := procStatus(cmd.Process.Pid); err == nil {
+						f.loadPeak = float64(st["VmHWM"]) / 1024
+					}
+				}
 				select {
 				case <-done:
 					return fmt.Errorf("nftproxy exited: %s", firstLines(log.String(), 5))
