@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -301,4 +302,72 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// stagedKernel calls at before each full apply, with the model in hand.
+type stagedKernel struct {
+	nftnl.Kernel
+	at func()
+}
+
+func (k stagedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	k.at()
+	return k.Kernel.Apply(rs)
+}
+
+// liveMiB is the heap a collection leaves.
+func liveMiB() float64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc) / (1 << 20)
+}
+
+// BenchmarkFirstSyncMemory prints what a daemon's first full sync holds
+// beside the snapshot (root only: the batch goes into a fresh namespace):
+// snapshot-MiB is the snapshot's live heap, model-MiB what is live on top
+// of it when the model goes to the kernel (the model and the state the
+// proxier keeps), kept-MiB what the proxier keeps after the sync, and
+// alloc-MiB all the sync allocated. The collections between the stages
+// are not timed, and the figures are one sync's, whatever b.N.
+//
+//	go test -run - -bench FirstSyncMemory -benchtime 1x ./proxier/
+func BenchmarkFirstSyncMemory(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := netns.New(b, "pxm")
+			conn, err := nftnl.Dial(ns.Fd())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			snap := benchSnapshot(n)
+			var base, model, kept, alloc float64
+			for b.Loop() {
+				b.StopTimer()
+				if err := nftnl.Delete(conn, m.IPv4, proxier.TableName); err != nil {
+					b.Fatal(err)
+				}
+				base = liveMiB()
+				k := stagedKernel{Kernel: nftnl.Kernel{Conn: conn}, at: func() { model = liveMiB() - base }}
+				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: k})
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				b.StartTimer()
+				if err := p.Sync(context.Background(), snap, true); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				runtime.ReadMemStats(&after)
+				alloc = float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20)
+				kept = liveMiB() - base
+				runtime.KeepAlive(p)
+				b.StartTimer()
+			}
+			b.ReportMetric(base, "snapshot-MiB")
+			b.ReportMetric(model, "model-MiB")
+			b.ReportMetric(kept, "kept-MiB")
+			b.ReportMetric(alloc, "alloc-MiB")
+		})
+	}
 }

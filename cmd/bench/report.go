@@ -153,6 +153,17 @@ func (r *Results) cell(n int, metric, method string, format func(float64) string
 	}
 }
 
+// ratioCell is the median of one metric over the median of another, of one
+// method, as "1.46x"; "–" when either was not measured.
+func (r *Results) ratioCell(n int, over, under, method string) string {
+	a, okA := r.median(n, over, method)
+	b, okB := r.median(n, under, method)
+	if !okA || !okB || b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
 // median returns the median of a record and whether it was measured.
 func (r *Results) median(n int, metric, method string) (float64, bool) {
 	rec := r.find(n, metric, method)
@@ -256,13 +267,14 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 	r.writeDataplane(p, b)
 
 	p("## The daemon\n\n")
-	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on one manifest file holding the same services and their EndpointSlices, with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is `VmHWM`; *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonResyncs)
-	d := &table{head: []string{"services", "start-up to first sync", "RSS after the first sync", "RSS at steady state", "peak RSS", "Go heap", "release"}}
+	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on one manifest file holding the same services and their EndpointSlices, with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is the highest `VmHWM` read, every 20 ms until steady state (a later reading can come out lower than an earlier one); *peak, decoding* is that figure when the daemon logs that it loaded the manifests, before the first sync (which starts at once, so up to one poll of it may count); *peak / steady* is the peak over the RSS at steady state (issue 11 asks at most 1.5); *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonResyncs)
+	d := &table{head: []string{"services", "start-up to first sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
 	for _, n := range r.Sizes {
 		d.rows = append(d.rows, []string{fmt.Sprint(n), r.cell(n, metricDaemonStart, methodDaemon, fmtMS),
 			r.cell(n, metricDaemonRSS, methodDaemonFirst, fmtMiB), r.cell(n, metricDaemonRSS, methodDaemon, fmtMiB),
-			r.cell(n, metricDaemonPeak, methodDaemon, fmtMiB), r.cell(n, metricDaemonHeap, methodDaemon, fmtMiB),
-			r.cell(n, metricDaemonRelease, methodDaemon, fmtMS)})
+			r.cell(n, metricDaemonPeak, methodDaemonLoaded, fmtMiB), r.cell(n, metricDaemonPeak, methodDaemon, fmtMiB),
+			r.ratioCell(n, metricDaemonPeak, metricDaemonRSS, methodDaemon),
+			r.cell(n, metricDaemonHeap, methodDaemon, fmtMiB), r.cell(n, metricDaemonRelease, methodDaemon, fmtMS)})
 	}
 	d.write(b)
 
@@ -429,9 +441,10 @@ func (r *Results) writeAnalysis(p func(string, ...any)) {
 			fmtMS(get(n50, metricFullSync, methodNftproxy)), fmtMiB(get(n50, metricFullSyncRSS, methodMemFloor)))
 		p("Three changes brought the live peak down to what the sync must hold (the snapshot, the model and one copy of the batch; the floor was 241 MiB before them): `SortElements` sorts a set in place through a permutation over one array of keys, where sorting a copy with a key slice per element made compile's peak; set elements are no longer converted to google/nftables values for the whole batch up front; and the batch is written into one buffer sized for it, set elements encoded straight into it and only the few dozen table, chain, rule and set messages encoded by google/nftables and copied in, then sent on a socket of our own, where google/nftables kept every encoded message and mdlayher/netlink copied them into a growing buffer (`nftmodel/nftnl/wire.go`; `TestWireElementsMatchLibrary` checks the bytes against the library's). ")
 		p("The daemon sets Go's soft memory limit to 90%% of its container's cgroup limit; what a container needs is set by the daemon as a whole (below), not by the sync alone.\n\n")
-		p("**The daemon** keeps, between syncs, the tracker's entries (what it derived from each Service and EndpointSlice, not the objects), the snapshot and the applied pieces: at 50,000 services %s resident at steady state, its Go heap %s. It gives a full sync's garbage back to the OS after the sync (`debug.FreeOSMemory`, %s at this size), and informer caches drop managed fields and last-applied annotations. Its peak, %s, is start-up: decoding 100,000 manifests (or a list from the API server) and the first full sync; `go run ./cmd/bench --phases daemon --daemon-profiles DIR` saves its heap profile at steady state.\n\n",
+		p("**The daemon** keeps, between syncs, the tracker's entries (what it derived from each Service and EndpointSlice, not the objects), the snapshot and the applied pieces, and with `--manifests` the objects each file last yielded (so that a file that breaks keeps them; about half the live heap at this size): at 50,000 services %s resident at steady state, its Go heap %s. It gives a full sync's garbage back to the OS after the sync (`debug.FreeOSMemory`, %s at this size), and informer caches drop managed fields and last-applied annotations. Its peak, %s (%s the steady RSS), is the first full sync's: decoding 100,000 manifests peaks at %s, and the sync then holds its model and batch beside everything the daemon keeps (`go test -run - -bench FirstSyncMemory ./proxier/` prints the model's share); `go run ./cmd/bench --phases daemon --daemon-profiles DIR` saves its heap profile at steady state.\n\n",
 			fmtMiB(get(n50, metricDaemonRSS, methodDaemon)), fmtMiB(get(n50, metricDaemonHeap, methodDaemon)),
-			fmtMS(get(n50, metricDaemonRelease, methodDaemon)), fmtMiB(get(n50, metricDaemonPeak, methodDaemon)))
+			fmtMS(get(n50, metricDaemonRelease, methodDaemon)), fmtMiB(get(n50, metricDaemonPeak, methodDaemon)),
+			r.ratioCell(n50, metricDaemonPeak, metricDaemonRSS, methodDaemon), fmtMiB(get(n50, metricDaemonPeak, methodDaemonLoaded)))
 	}
 	r.writeFullSyncAnalysis(p, get)
 	r.writeDataplaneAnalysis(p)

@@ -40,6 +40,7 @@ const (
 	methodIptNftPartial   = "iptables-nft --noflush"           // kube-proxy's partial restore, nf_tables backend
 	methodDaemon          = "nftproxy run"                     // at steady state
 	methodDaemonFirst     = "nftproxy run, first sync"         // right after the first sync
+	methodDaemonLoaded    = "nftproxy run, manifests loaded"   // peak: decoding, before the first sync
 	methodMemFloor        = "nftproxy, GOMEMLIMIT=1MiB"        // collecting all the time: the live peak
 	methodConnNftFirst    = "nftproxy, first service"
 	methodConnNftLast     = "nftproxy, last service"
