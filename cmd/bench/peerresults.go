@@ -166,20 +166,50 @@ func mergePeers(old, cur *PeerRun) *PeerRun {
 }
 
 // mergeResults keeps what a partial run did not measure: the older run's
-// other phases when this run measured none of them, and its peers figures
-// for the workloads and proxies this run left out.
+// records of other sizes, metrics and methods, its Go benchmarks when this
+// run ran none, the run's facts when this run measured no phase of the
+// records, and its peers and soak figures for what this run left out.
 func mergeResults(old, cur *Results) *Results {
 	if old == nil {
 		return cur
 	}
 	out := *cur
 	if len(cur.Records) == 0 && len(cur.GoBench) == 0 {
-		peers := cur.Peers
 		out = *old
-		out.Peers = peers
-		out.Soak = cur.Soak
+	}
+	out.Records = mergeRecords(old.Records, cur.Records)
+	if len(cur.GoBench) == 0 {
+		out.GoBench = old.GoBench
 	}
 	out.Peers = mergePeers(old.Peers, cur.Peers)
 	out.Soak = mergeSoak(old.Soak, cur.Soak)
 	return &out
+}
+
+// mergeRecords is cur and every old record of a size, metric and method
+// cur did not measure, in old's order with cur's new ones after.
+func mergeRecords(old, cur []Record) []Record {
+	type key struct {
+		n              int
+		metric, method string
+	}
+	fresh := map[key]Record{}
+	for _, r := range cur {
+		fresh[key{r.N, r.Metric, r.Method}] = r
+	}
+	out := make([]Record, 0, len(old)+len(cur))
+	for _, r := range old {
+		k := key{r.N, r.Metric, r.Method}
+		if c, ok := fresh[k]; ok {
+			r = c
+			delete(fresh, k)
+		}
+		out = append(out, r)
+	}
+	for _, r := range cur {
+		if _, ok := fresh[key{r.N, r.Metric, r.Method}]; ok {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -318,6 +318,13 @@ func TestMergeResults(t *testing.T) {
 	if again.Runs != 1 || again.Peers == nil || len(again.Peers.Records) != len(p.Records) {
 		t.Error("peers figures lost by a run without the peers phase")
 	}
+	// A run of one phase replaces its own records and keeps the others'.
+	daemon := Record{N: 1000, Metric: "daemon_rss", Method: methodNftproxy, Values: []float64{40}}
+	resync := Record{N: 1000, Metric: metricFullSync, Method: methodNftproxy, Values: []float64{2}}
+	third := mergeResults(again, &Results{Runs: 1, Records: []Record{daemon, resync}})
+	if want := []Record{resync, daemon}; !cmp.Equal(third.Records, want) {
+		t.Errorf("records after a partial run: %+v, want %+v", third.Records, want)
+	}
 }
 
 func TestProxiesFor(t *testing.T) {
