@@ -160,6 +160,33 @@ func TestRenderSortsLikeNft(t *testing.T) {
 	}
 }
 
+// An interval set's element prints each part as nft lists it: one value,
+// a prefix, or a range.
+func TestRenderRange(t *testing.T) {
+	s := &Set{Name: "s", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeIPv4Addr}, Interval: true}
+	a := func(x string) Value { return A(netip.MustParseAddr(x)) }
+	key := func(c string) []Value { return []Value{a("192.0.2.1"), N(6), N(80), a(c)} }
+	tests := []struct {
+		el   Element
+		want string
+	}{
+		{Element{Key: key("10.0.0.1")}, "192.0.2.1 . tcp . 80 . 10.0.0.1"},
+		{Element{Key: key("10.0.0.0"), KeyEnd: key("10.255.255.255")}, "192.0.2.1 . tcp . 80 . 10.0.0.0/8"},
+		{Element{Key: key("0.0.0.0"), KeyEnd: key("255.255.255.255")}, "192.0.2.1 . tcp . 80 . 0.0.0.0/0"},
+		{Element{Key: key("10.0.0.1"), KeyEnd: key("10.0.0.9")}, "192.0.2.1 . tcp . 80 . 10.0.0.1-10.0.0.9"},
+		{Element{Key: key("10.0.0.0"), KeyEnd: []Value{a("192.0.2.1"), N(6), N(90), a("10.0.0.0")}}, "192.0.2.1 . tcp . 80-90 . 10.0.0.0"},
+	}
+	for _, tt := range tests {
+		if got := renderElement(s, tt.el); got != tt.want {
+			t.Errorf("renderElement = %q, want %q", got, tt.want)
+		}
+	}
+	p := netip.MustParsePrefix("fd00:1::/64")
+	if got, ok := RangePrefix(p.Addr(), LastAddr(p)); !ok || got != p {
+		t.Errorf("RangePrefix(%v) = %v, %v", p, got, ok)
+	}
+}
+
 // SortElements sorts in place what a plain stable sort on the listing-order
 // keys would, duplicates keeping their order.
 func TestSortElements(t *testing.T) {

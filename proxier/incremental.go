@@ -419,7 +419,7 @@ func setElements(bySet map[*m.Set][]m.Element) []m.SetElements {
 	var out []m.SetElements
 	for set, els := range bySet {
 		if len(els) > 0 {
-			out = append(out, m.SetElements{Set: set.Name, Key: set.Key, Data: set.Data, Timeout: set.Timeout, Elements: els})
+			out = append(out, m.SetElements{Set: set.Name, Key: set.Key, Data: set.Data, Timeout: set.Timeout, Interval: set.Interval, Elements: els})
 		}
 	}
 	slices.SortFunc(out, func(a, b m.SetElements) int { return cmp.Compare(a.Set, b.Set) })
