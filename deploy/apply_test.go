@@ -8,14 +8,11 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
@@ -98,31 +95,9 @@ func TestKustomizationAppliesAndGrantsOnlyReads(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	objs := render(t)
-	disc, err := discovery.NewDiscoveryClientForConfig(srv.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := restmapper.GetAPIGroupResources(disc)
-	if err != nil {
-		t.Fatalf("discover API resources: %v", err)
-	}
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
-	dyn, err := dynamic.NewForConfig(srv.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	api := newDynamicAPI(t, srv)
 	waitForNamespaces(ctx, t, srv, metav1.NamespaceSystem)
-	resource := func(u *unstructured.Unstructured) dynamic.ResourceInterface {
-		gvk := u.GroupVersionKind()
-		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatalf("the server does not serve %s: %v", gvk, err)
-		}
-		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-			return dyn.Resource(mapping.Resource).Namespace(u.GetNamespace())
-		}
-		return dyn.Resource(mapping.Resource)
-	}
+	resource := func(u *unstructured.Unstructured) dynamic.ResourceInterface { return api.resource(t, u, "") }
 	apply := func(u *unstructured.Unstructured, dryRun bool) error {
 		opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
 		if dryRun {

@@ -299,19 +299,7 @@ func TestManifestsServerDryRun(t *testing.T) {
 	srv := apiserver.Require(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	disc, err := discovery.NewDiscoveryClientForConfig(srv.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := restmapper.GetAPIGroupResources(disc)
-	if err != nil {
-		t.Fatalf("discover API resources: %v", err)
-	}
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
-	dyn, err := dynamic.NewForConfig(srv.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	api := newDynamicAPI(t, srv)
 	waitForNamespaces(ctx, t, srv, metav1.NamespaceSystem, metav1.NamespaceDefault)
 
 	for _, m := range loadManifests(t) {
@@ -321,18 +309,7 @@ func TestManifestsServerDryRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			gvk := u.GroupVersionKind()
-			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				t.Fatalf("the server does not serve %s: %v", gvk, err)
-			}
-			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-			if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-				ns := u.GetNamespace()
-				if ns == "" {
-					ns = metav1.NamespaceDefault
-				}
-				ri = dyn.Resource(mapping.Resource).Namespace(ns)
-			}
+			ri := api.resource(t, &u, metav1.NamespaceDefault)
 			opts := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
 			if _, err := ri.Create(ctx, &u, opts); err != nil {
 				t.Errorf("server-side dry run of %s %s: %v", gvk.Kind, u.GetName(), err)
@@ -349,6 +326,48 @@ func TestManifestsServerDryRun(t *testing.T) {
 	if err != nil || len(dss.Items) != 0 {
 		t.Errorf("after dry run: %d DaemonSets, error %v", len(dss.Items), err)
 	}
+}
+
+// dynamicAPI creates and applies any kind of object the API server serves.
+type dynamicAPI struct {
+	mapper meta.RESTMapper
+	dyn    *dynamic.DynamicClient
+}
+
+func newDynamicAPI(t *testing.T, srv *apiserver.Server) dynamicAPI {
+	t.Helper()
+	disc, err := discovery.NewDiscoveryClientForConfig(srv.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(disc)
+	if err != nil {
+		t.Fatalf("discover API resources: %v", err)
+	}
+	dyn, err := dynamic.NewForConfig(srv.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dynamicAPI{mapper: restmapper.NewDiscoveryRESTMapper(groups), dyn: dyn}
+}
+
+// resource returns the client of u's resource, in u's namespace (or
+// defaultNS when u has none) if the resource is namespaced.
+func (a dynamicAPI) resource(t testing.TB, u *unstructured.Unstructured, defaultNS string) dynamic.ResourceInterface {
+	t.Helper()
+	gvk := u.GroupVersionKind()
+	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatalf("the server does not serve %s: %v", gvk, err)
+	}
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace {
+		return a.dyn.Resource(mapping.Resource)
+	}
+	ns := u.GetNamespace()
+	if ns == "" {
+		ns = defaultNS
+	}
+	return a.dyn.Resource(mapping.Resource).Namespace(ns)
 }
 
 // waitForNamespaces waits for the namespaces kube-apiserver creates itself

@@ -223,21 +223,7 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
 	s := &clusterScenario{t: t, env: env, ns: ns, ctx: ctx}
-	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", ns, err)
-	}
-	// Registered before the daemon's cleanup, so it runs after the daemon
-	// stopped: later scenarios start from a cluster without these objects.
-	t.Cleanup(s.deleteAll)
-
-	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2k", Pods: 3})
-	for _, p := range s.topo.Pods {
-		if _, err := p.ServeName("tcp", 8080); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.relay, s.kubeconfig = relayToAPIServer(t, env, s.topo.Node)
+	s.setUp("e2k", 3)
 	s.args = append([]string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode,
 		"--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
@@ -246,23 +232,35 @@ func newClusterScenario(t *testing.T, env *clusterEnv, ns string, args ...string
 	return s
 }
 
+// setUp makes the scenario's namespace in the API server, deleting its
+// objects when the test ends, builds a topology of pods pods serving their
+// names on tcp/8080, and relays the node namespace to the API server.
+func (s *clusterScenario) setUp(prefix string, pods int) {
+	t := s.t
+	t.Helper()
+	if _, err := s.env.client.CoreV1().Namespaces().Create(s.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", s.ns, err)
+	}
+	// Registered before the daemon's cleanup, so it runs after the daemon
+	// stopped: later scenarios start from a cluster without these objects.
+	t.Cleanup(s.deleteAll)
+
+	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: prefix, Pods: pods})
+	for _, p := range s.topo.Pods {
+		if _, err := p.ServeName("tcp", 8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.relay, s.kubeconfig = relayToAPIServer(t, s.env, s.topo.Node)
+}
+
 // startDaemon starts nftproxy with the scenario's flags (stopping it when
 // the test ends) and waits for its first sync.
 func (s *clusterScenario) startDaemon() {
 	s.t.Helper()
-	d, err := StartWithEnv(s.topo.Node, s.daemonEnv, binary, s.args...)
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	d := startUntilCleanup(s.t, s.topo.Node, s.daemonEnv, s.args...)
 	s.d = d
-	s.t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			s.t.Error(err)
-		}
-		if s.t.Failed() {
-			s.t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	if err := d.WaitSynced(s.ctx, 1); err != nil {
 		s.t.Fatal(err)
 	}
@@ -388,6 +386,22 @@ func (s *clusterScenario) pods(i ...int) ([]netip.Addr, []string) {
 	return addrs, names
 }
 
+// webWithSession serves "web" at vip (and nodePort unless 0) by pods 0 and
+// 1, waits until both answer and opens a TCP session to vip; the caller
+// closes it. It returns the pods' names and the session.
+func (s *clusterScenario) webWithSession(vip netip.AddrPort, nodePort uint16) ([]string, *netns.TCPSession) {
+	s.t.Helper()
+	s.service("web", vip.Addr().String(), int32(nodePort))
+	a01, n01 := s.pods(0, 1)
+	s.slice("web", "web-a", a01...)
+	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n01, sess
+}
+
 // answeredBy asks addr from the client namespace several times per wanted
 // name and reports unless every answer came from a wanted pod and every
 // wanted pod answered.
@@ -450,23 +464,7 @@ func clusterRefused(err error) bool {
 // get fetches url from inside the node namespace, where the daemon's
 // health and metrics servers listen on loopback.
 func (s *clusterScenario) get(url string) (int, []byte, error) {
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return s.topo.Node.Dial(ctx, network, addr)
-	}}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	return s.topo.Node.Get(s.ctx, url)
 }
 
 // healthy checks /healthz: 200, healthy and nodeEligible in kube-proxy's
@@ -564,14 +562,7 @@ func testClusterAPIServerOutage(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-outage")
 	vip := netip.MustParseAddrPort("10.96.22.10:80")
 	np := netip.AddrPortFrom(netns.NodeAddr, 30220)
-	s.service("web", vip.Addr().String(), int32(np.Port()))
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, np.Port())
 	defer sess.Close()
 
 	env.srv.StopAPIServer()
@@ -673,14 +664,7 @@ func testClusterDaemonRestart(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-restart")
 	vip := netip.MustParseAddrPort("10.96.23.10:80")
 	np := netip.AddrPortFrom(netns.NodeAddr, 30230)
-	s.service("web", vip.Addr().String(), int32(np.Port()))
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, np.Port())
 	defer sess.Close()
 	echo := func(when string) {
 		t.Helper()
@@ -732,14 +716,7 @@ func clusterFirstSyncFull(d *Daemon) bool {
 func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 	s := newClusterScenario(t, env, "e2e-restart-down")
 	vip := netip.MustParseAddrPort("10.96.27.10:80")
-	s.service("web", vip.Addr().String(), 0)
-	a01, n01 := s.pods(0, 1)
-	s.slice("web", "web-a", a01...)
-	s.eventually("service", func() error { return s.answeredBy(vip, n01) })
-	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, vip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n01, sess := s.webWithSession(vip, 0)
 	defer sess.Close()
 	before := s.ruleset()
 
@@ -771,19 +748,8 @@ func testClusterRestartWhileAPIServerDown(t *testing.T, env *clusterEnv) {
 		t.Errorf("SIGTERM while waiting for the API server: %v, %v:\n%s", err, d.cmd.ProcessState, d.Log())
 	}
 
-	d, err = Start(s.topo.Node, binary, s.args...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startUntilCleanup(t, s.topo.Node, nil, s.args...)
 	s.d = d
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	time.Sleep(time.Second) // long enough to have applied something if it were going to
 	if n := d.Syncs(); n != 0 {
 		t.Errorf("synced %d times without an API server", n)

@@ -88,7 +88,7 @@ func (s *scenario) ctWatch(flows []ctFlow, d time.Duration, done func(last []str
 		for i, f := range flows {
 			name, err := s.ctAsk(f.local, f.remote)
 			if err != nil {
-				name = "error: " + ctErrName(err)
+				name = "error: " + netns.Outcome(err)
 			}
 			answers[i] = append(answers[i], name)
 			last[i] = name
@@ -98,17 +98,6 @@ func (s *scenario) ctWatch(flows []ctFlow, d time.Duration, done func(last []str
 		}
 	}
 	return answers
-}
-
-// ctErrName shortens the errors a client can meet to what a test compares.
-func ctErrName(err error) string {
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "refused"
-	case netns.IsTimeout(err):
-		return "timeout"
-	}
-	return err.Error()
 }
 
 // ctMetrics reads the daemon's /metrics from inside the node namespace,

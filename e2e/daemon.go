@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -27,6 +30,27 @@ func Build(dir string) (string, error) {
 		return "", fmt.Errorf("build nftproxy: %w: %s", err, b)
 	}
 	return out, nil
+}
+
+// RunTests is a TestMain for the kernel tiers: unless -short or the machine
+// can't make network namespaces, it builds nftproxy into a temporary
+// directory and sets *binary to its path (else leaves it empty, and the tests
+// skip), then runs the tests. It returns the exit code.
+func RunTests(m *testing.M, binary *string) int {
+	flag.Parse()
+	if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
+		dir, err := os.MkdirTemp("", "nftproxy-e2e-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if *binary, err = Build(dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return m.Run()
 }
 
 // Daemon is an nftproxy process running inside a network namespace.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -81,31 +79,13 @@ func TestHealthCheckNodePortAddresses(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			topo := setup(t)
-			dir := t.TempDir()
 			// healthCheckNodePort is a LoadBalancer's with externalTrafficPolicy Local.
 			manifest := semSvc{name: "web", typ: "LoadBalancer", clusterIPs: []string{"10.96.0.79"}, nodePort: 30081,
 				spec: fmt.Sprintf("  externalTrafficPolicy: Local\n  healthCheckNodePort: %d\n", hcPort),
 				v4:   []semEP{{addr: topo.Pods[0].Addr.String()}}}.yaml()
-			if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			args := append([]string{"--manifests", dir, "--hostname-override", "node-1", "--node-ip", topo.NodeAddr.String(),
-				"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", ""}, tt.args...)
-			d, err := Start(topo.Node, binary, args...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = d.Stop()
-				if t.Failed() {
-					t.Logf("nftproxy log:\n%s", d.Log())
-				}
-			})
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
-			if err := d.WaitSynced(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			startOnManifest(ctx, t, topo, manifest, append([]string{"--node-ip", topo.NodeAddr.String()}, tt.args...)...)
 			check(t, topo, "nftproxy", tt.secondary)
 		})
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -92,25 +90,8 @@ func TestLocalhostGuard(t *testing.T) {
 
 	t.Run("NFTProxy", func(t *testing.T) {
 		topo, probe := setup(t)
-		dir := t.TempDir()
 		manifest := svcSpec{name: "web", clusterIP: vip, port: 80, nodePort: nodePort, endpoints: []string{topo.Pods[0].Addr.String()}}.yaml()
-		if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		d, err := Start(topo.Node, binary, "--manifests", dir, "--hostname-override", clusterNode, "--localhost-nodeports",
-			"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = d.Stop()
-			if t.Failed() {
-				t.Logf("nftproxy log:\n%s", d.Log())
-			}
-		})
-		if err := d.WaitSynced(t.Context(), 1); err != nil {
-			t.Fatal(err)
-		}
+		startOnManifest(t.Context(), t, topo, manifest, "--localhost-nodeports")
 		if f := probe(); f != 0 {
 			t.Errorf("with nftproxy --localhost-nodeports the raw SYN to 127.0.0.1:%d got flags %#x, want no answer", secretPort, f)
 		}
@@ -169,25 +150,8 @@ func TestPrimaryNodePorts(t *testing.T) {
 
 	t.Run("NFTProxy", func(t *testing.T) {
 		topo := setup(t)
-		dir := t.TempDir()
 		manifest := svcSpec{name: "web", clusterIP: vip, port: 80, nodePort: nodePort, endpoints: []string{topo.Pods[0].Addr.String()}}.yaml()
-		if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		d, err := Start(topo.Node, binary, "--manifests", dir, "--hostname-override", clusterNode, "--node-ip", topo.NodeAddr.String(),
-			"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = d.Stop()
-			if t.Failed() {
-				t.Logf("nftproxy log:\n%s", d.Log())
-			}
-		})
-		if err := d.WaitSynced(t.Context(), 1); err != nil {
-			t.Fatal(err)
-		}
+		startOnManifest(t.Context(), t, topo, manifest, "--node-ip", topo.NodeAddr.String())
 		check(t, topo, "nftproxy")
 	})
 

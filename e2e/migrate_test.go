@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -328,18 +326,7 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	defer cancel()
 	s := &clusterScenario{t: t, env: env, ns: "migrate-" + strings.ReplaceAll(mode, "-", ""), ctx: ctx}
 	mode, noTools := strings.CutSuffix(mode, "-without-tools")
-	if _, err := env.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", s.ns, err)
-	}
-	t.Cleanup(s.deleteAll)
-	s.topo = netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2m", Pods: 2})
-	for _, p := range s.topo.Pods {
-		if _, err := p.ServeName("tcp", 8080); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.relay, s.kubeconfig = relayToAPIServer(t, env, s.topo.Node)
+	s.setUp("e2m", 2)
 
 	clusterIP := netip.AddrFrom4([4]byte{10, 96, 50, byte(10 + i)})
 	nodePort := int32(30500 + i)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,24 +17,52 @@ import (
 // binary is the nftproxy built once for all scenarios (empty when not root).
 var binary string
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code := func() int {
-		if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
-			dir, err := os.MkdirTemp("", "nftproxy-e2e-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			if binary, err = Build(dir); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
+func TestMain(m *testing.M) { os.Exit(RunTests(m, &binary)) }
+
+// startUntilCleanup starts nftproxy in ns with the environment env (nil:
+// the test's); the test's end stops it, reports a failed stop, and shows
+// the daemon's log if the test failed.
+func startUntilCleanup(t testing.TB, ns *netns.NS, env []string, args ...string) *Daemon {
+	t.Helper()
+	d, err := StartWithEnv(ns, env, binary, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Error(err)
 		}
-		return m.Run()
-	}()
-	os.Exit(code)
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	return d
+}
+
+// startOnManifest runs nftproxy in topo's node namespace as node-1 on a
+// manifest directory holding manifest, without health or metrics servers,
+// and waits (within ctx) for its first sync. The test's end stops it.
+func startOnManifest(ctx context.Context, t *testing.T, topo *netns.Topology, manifest string, args ...string) *Daemon {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(topo.Node, binary, append([]string{"--manifests", dir, "--hostname-override", clusterNode,
+		"--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "", "--metrics-bind-address", ""}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = d.Stop()
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	if err := d.WaitSynced(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // scenario is a topology with nftproxy running in its node namespace from a
@@ -76,19 +103,8 @@ func newScenario(t testing.TB, pods int, manifests map[string]string, args ...st
 	}
 	base := []string{"--manifests", s.dir, "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16,fd00:10:244::/48",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249", "--min-sync-period", "100ms", "-v", "2"}
-	d, err := Start(s.topo.Node, binary, append(base, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := startUntilCleanup(t, s.topo.Node, nil, append(base, args...)...)
 	s.d = d
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
 	if err := d.WaitSynced(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

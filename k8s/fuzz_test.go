@@ -1,48 +1,12 @@
 package k8s_test
 
 import (
-	"encoding/json"
 	"reflect"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/nftproxy/nftproxy/k8s"
+	"github.com/nftproxy/nftproxy/k8s/k8sfuzz"
 )
-
-// FuzzObjects is the input of the tracker's fuzz targets: API objects in
-// JSON, with any field values, including ones the API server would reject.
-type FuzzObjects struct {
-	Services []*v1.Service                `json:"services"`
-	Slices   []*discoveryv1.EndpointSlice `json:"slices"`
-	Node     *v1.Node                     `json:"node"`
-}
-
-// TrackFuzzObjects decodes data as FuzzObjects and returns what a tracker
-// makes of them; false when data is not such JSON.
-func TrackFuzzObjects(data []byte) (*k8s.Snapshot, bool) {
-	var objs FuzzObjects
-	if json.Unmarshal(data, &objs) != nil {
-		return nil, false
-	}
-	// Informers never hand over nil objects.
-	var svcs []*v1.Service
-	for _, s := range objs.Services {
-		if s != nil {
-			svcs = append(svcs, s)
-		}
-	}
-	var slices []*discoveryv1.EndpointSlice
-	for _, s := range objs.Slices {
-		if s != nil {
-			slices = append(slices, s)
-		}
-	}
-	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-	tr.ReplaceAll(svcs, slices, objs.Node)
-	return tr.Snapshot(), true
-}
 
 // FuzzTracker: any objects give a snapshot the compiler can rely on (sorted
 // and unique service ports, valid addresses and ports, sorted endpoints),
@@ -50,12 +14,12 @@ func TrackFuzzObjects(data []byte) (*k8s.Snapshot, bool) {
 func FuzzTracker(f *testing.F) {
 	// The seeds are in testdata/fuzz/FuzzTracker.
 	f.Fuzz(func(t *testing.T, data []byte) {
-		snap, ok := TrackFuzzObjects(data)
+		snap, ok := k8sfuzz.Snapshot(data)
 		if !ok {
 			return
 		}
 		CheckSnapshot(t, snap)
-		again, _ := TrackFuzzObjects(data)
+		again, _ := k8sfuzz.Snapshot(data)
 		if !reflect.DeepEqual(snap.Services, again.Services) {
 			t.Errorf("the same objects made two snapshots:\n%+v\n%+v", snap.Services, again.Services)
 		}

@@ -1,49 +1,18 @@
 package proxier
 
 import (
-	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
-	"github.com/nftproxy/nftproxy/k8s"
+	"github.com/nftproxy/nftproxy/k8s/k8sfuzz"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
-
-// fuzzSnapshot makes a snapshot of API objects in JSON, with any field
-// values, as the tracker would (k8s's FuzzTracker takes the same input).
-func fuzzSnapshot(data []byte) (*k8s.Snapshot, bool) {
-	var objs struct {
-		Services []*v1.Service                `json:"services"`
-		Slices   []*discoveryv1.EndpointSlice `json:"slices"`
-		Node     *v1.Node                     `json:"node"`
-	}
-	if json.Unmarshal(data, &objs) != nil {
-		return nil, false
-	}
-	var svcs []*v1.Service
-	for _, s := range objs.Services {
-		if s != nil {
-			svcs = append(svcs, s)
-		}
-	}
-	var slices []*discoveryv1.EndpointSlice
-	for _, s := range objs.Slices {
-		if s != nil {
-			slices = append(slices, s)
-		}
-	}
-	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-	tr.ReplaceAll(svcs, slices, objs.Node)
-	return tr.Snapshot(), true
-}
 
 // fuzzConfigs are the compile configurations of both families, varied by
 // the bits of flags.
@@ -78,7 +47,7 @@ func FuzzCompileKernel(f *testing.F) {
 	ns := netns.New(f, "pfz")
 	script := filepath.Join(f.TempDir(), "ruleset.nft")
 	f.Fuzz(func(t *testing.T, data []byte, flags uint8) {
-		snap, ok := fuzzSnapshot(data)
+		snap, ok := k8sfuzz.Snapshot(data)
 		if !ok {
 			return
 		}

@@ -311,21 +311,7 @@ func TestTraceCompiled(t *testing.T) {
 			if got.Verdict != tt.verdict {
 				t.Errorf("verdict = %q, want %q%s", got.Verdict, tt.verdict, explain)
 			}
-			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateEmpty(),
-				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
-			}
-			var masq []netip.AddrPort
-			for _, b := range got.Branches {
-				if b.Masquerade {
-					masq = append(masq, b.Endpoint)
-				}
-			}
-			slices.SortFunc(masq, netip.AddrPort.Compare)
-			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
-				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
-			}
+			checkReached(t, got, tt.reach, tt.masqueraded)
 			if got.Masquerade != (len(tt.masqueraded) > 0) {
 				t.Errorf("Masquerade = %v, want %v%s", got.Masquerade, len(tt.masqueraded) > 0, explain)
 			}
@@ -367,6 +353,28 @@ func addrPorts(ss []string) []netip.AddrPort {
 		out[i] = netip.MustParseAddrPort(s)
 	}
 	return out
+}
+
+// checkReached compares the endpoints a traced packet reached, and those of
+// them it reached masqueraded, with the wanted ones; a failure shows the steps.
+func checkReached(t *testing.T, got m.Outcome, reach, masqueraded []string) {
+	t.Helper()
+	explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
+	if diff := cmp.Diff(addrPorts(reach), got.Endpoints, cmpopts.EquateEmpty(),
+		cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+		t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
+	}
+	var masq []netip.AddrPort
+	for _, b := range got.Branches {
+		if b.Masquerade {
+			masq = append(masq, b.Endpoint)
+		}
+	}
+	slices.SortFunc(masq, netip.AddrPort.Compare)
+	if diff := cmp.Diff(addrPorts(masqueraded), masq, cmpopts.EquateEmpty(),
+		cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+		t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
+	}
 }
 
 // TestTraceTopology checks which endpoints topology hints leave to a pod on
@@ -461,21 +469,7 @@ func TestTraceExternalPolicyLocal(t *testing.T) {
 			if got.Verdict != tt.verdict {
 				t.Errorf("verdict = %q, want %q%s", got.Verdict, tt.verdict, explain)
 			}
-			if diff := cmp.Diff(addrPorts(tt.reach), got.Endpoints, cmpopts.EquateEmpty(),
-				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
-			}
-			var masq []netip.AddrPort
-			for _, b := range got.Branches {
-				if b.Masquerade {
-					masq = append(masq, b.Endpoint)
-				}
-			}
-			slices.SortFunc(masq, netip.AddrPort.Compare)
-			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
-				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
-			}
+			checkReached(t, got, tt.reach, tt.masqueraded)
 		})
 	}
 }
@@ -499,20 +493,7 @@ func TestTraceAffinity(t *testing.T) {
 			sp := svc("web", "http", "10.96.0.10", 2, nodePort(30080), affinity)
 			got := m.Trace(Compile(&k8s.Snapshot{Services: []k8s.ServicePort{sp}}, testConfig), tt.p)
 			explain := "\nsteps:\n" + strings.Join(got.Steps, "\n")
-			if diff := cmp.Diff(addrPorts(all), got.Endpoints, cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("endpoints reached differ (-want +got):\n%s%s", diff, explain)
-			}
-			var masq []netip.AddrPort
-			for _, b := range got.Branches {
-				if b.Masquerade {
-					masq = append(masq, b.Endpoint)
-				}
-			}
-			slices.SortFunc(masq, netip.AddrPort.Compare)
-			if diff := cmp.Diff(addrPorts(tt.masqueraded), masq, cmpopts.EquateEmpty(),
-				cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-				t.Errorf("masqueraded endpoints differ (-want +got):\n%s%s", diff, explain)
-			}
+			checkReached(t, got, all, tt.masqueraded)
 			remembered := 0
 			for _, s := range got.Steps {
 				if strings.Contains(s, "affinity-60: meta l4proto tcp update @affinity") && strings.Contains(s, "remembered in @affinity") {

@@ -53,27 +53,7 @@ func (c barChart) draw(img *image.RGBA, r image.Rectangle) {
 		drawText(img, plot.Min.X+20, plot.Min.Y+20, "no data", textScale, gray, false)
 		return
 	}
-	ylo, yhi := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
-	if yhi == ylo {
-		yhi++
-	}
-	py := func(y float64) int {
-		return plot.Max.Y - int((math.Log10(y)-ylo)/(yhi-ylo)*float64(plot.Dy()))
-	}
-	for d := ylo; d <= yhi; d++ {
-		for _, k := range []float64{1, 2, 5} {
-			v := k * math.Pow(10, d)
-			if math.Log10(v) > yhi+1e-9 {
-				break
-			}
-			y := py(v)
-			line(img, plot.Min.X, y, plot.Max.X, y, gridColor, false)
-			if k == 1 {
-				label := c.yFormat(v)
-				drawText(img, plot.Min.X-10-textWidth(label, textScale), y-7, label, textScale, black, false)
-			}
-		}
-	}
+	py := logYAxis(img, plot, ymin, ymax, c.yFormat)
 	rect(img, plot, gray)
 	drawText(img, r.Min.X+12, plot.Min.Y+(plot.Dy()+textWidth(c.yLabel, textScale))/2, c.yLabel, textScale, black, true)
 

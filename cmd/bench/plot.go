@@ -163,35 +163,13 @@ func (c chart) draw(img *image.RGBA, r image.Rectangle) {
 		drawText(img, plot.Min.X+20, plot.Min.Y+20, "no data", textScale, gray, false)
 		return
 	}
-	// Whole decades on y; a little room on x so end markers show.
-	ylo, yhi := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
-	if yhi == ylo {
-		yhi++
-	}
+	// A little room on x so end markers show.
 	xlo, xhi := math.Log10(xmin)-0.05, math.Log10(xmax)+0.05
 	px := func(x float64) int {
 		return plot.Min.X + int((math.Log10(x)-xlo)/(xhi-xlo)*float64(plot.Dx()))
 	}
-	py := func(y float64) int {
-		return plot.Max.Y - int((math.Log10(y)-ylo)/(yhi-ylo)*float64(plot.Dy()))
-	}
-
-	// Grid: 1, 2 and 5 of every decade on y, labelled at decades; x at
-	// the measured sizes.
-	for d := ylo; d <= yhi; d++ {
-		for _, k := range []float64{1, 2, 5} {
-			v := k * math.Pow(10, d)
-			if math.Log10(v) > yhi+1e-9 {
-				break
-			}
-			y := py(v)
-			line(img, plot.Min.X, y, plot.Max.X, y, gridColor, false)
-			if k == 1 {
-				label := c.yFormat(v)
-				drawText(img, plot.Min.X-10-textWidth(label, textScale), y-7, label, textScale, black, false)
-			}
-		}
-	}
+	py := logYAxis(img, plot, ymin, ymax, c.yFormat)
+	// Grid on x at the measured sizes.
 	var xs []float64
 	for _, s := range c.series {
 		for _, x := range s.xs {
@@ -251,6 +229,34 @@ func msLabel(v float64) string {
 }
 
 // line draws a one-pixel line; dashed lines alternate 6 on, 4 off.
+// logYAxis spans whole decades from ymin to ymax on a log scale, draws the
+// y grid in plot (1, 2 and 5 of every decade, labelled at decades) and
+// returns the pixel row of a value.
+func logYAxis(img *image.RGBA, plot image.Rectangle, ymin, ymax float64, format func(float64) string) func(float64) int {
+	ylo, yhi := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
+	if yhi == ylo {
+		yhi++
+	}
+	py := func(y float64) int {
+		return plot.Max.Y - int((math.Log10(y)-ylo)/(yhi-ylo)*float64(plot.Dy()))
+	}
+	for d := ylo; d <= yhi; d++ {
+		for _, k := range []float64{1, 2, 5} {
+			v := k * math.Pow(10, d)
+			if math.Log10(v) > yhi+1e-9 {
+				break
+			}
+			y := py(v)
+			line(img, plot.Min.X, y, plot.Max.X, y, gridColor, false)
+			if k == 1 {
+				label := format(v)
+				drawText(img, plot.Min.X-10-textWidth(label, textScale), y-7, label, textScale, black, false)
+			}
+		}
+	}
+	return py
+}
+
 func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, dashed bool) {
 	dx, dy := abs(x1-x0), -abs(y1-y0)
 	sx, sy := 1, 1

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e"
@@ -74,7 +73,7 @@ func demo(binary, manifests string) (err error) {
 		for range n {
 			a, err := f()
 			if err != nil {
-				a = "error: " + describe(err)
+				a = "error: " + netns.Outcome(err)
 			}
 			answers = append(answers, a)
 		}
@@ -105,14 +104,4 @@ func demo(binary, manifests string) (err error) {
 	fmt.Println("== nftproxy list --family ip (in the node namespace: the kernel's table, as nft lists it)")
 	fmt.Print(out)
 	return nil
-}
-
-func describe(err error) string {
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "refused"
-	case netns.IsTimeout(err):
-		return "timeout"
-	}
-	return err.Error()
 }

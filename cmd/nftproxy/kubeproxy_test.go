@@ -106,6 +106,7 @@ func TestKubeProxyFlags(t *testing.T) {
 		{[]string{"--bind-address-hard-fail"}, def},
 		{[]string{"--show-hidden-metrics-for-version=1.35"}, with(func(w *want) { w.warning = "--show-hidden-metrics-for-version" })},
 		{[]string{"--ipvs-scheduler=rr", "--ipvs-strict-arp=true"}, with(func(w *want) { w.warning = "--ipvs-s" })},
+		{[]string{"--boot-id-file=/proc/sys/kernel/random/boot_id", "--machine-id-file=/etc/machine-id"}, with(func(w *want) { w.warning = "cadvisor" })},
 		{[]string{"--logging-format=text", "--vmodule=x=2"}, with(func(w *want) { w.warning = "--logging-format=text" })},
 		{[]string{"--master=https://10.0.0.1:6443", "--cleanup"}, def},
 	}

@@ -55,7 +55,9 @@ func (k *kubeProxyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.loggingFormat, "logging-format", "text", "kube-proxy's log format: nftproxy logs JSON lines whatever it says")
 	k.noEffect = map[string]*string{}
 	for _, name := range []string{"ipvs-scheduler", "ipvs-exclude-cidrs", "ipvs-strict-arp", "ipvs-tcp-timeout",
-		"ipvs-tcpfin-timeout", "ipvs-udp-timeout", "vmodule", "log-flush-frequency"} {
+		"ipvs-tcpfin-timeout", "ipvs-udp-timeout", "vmodule", "log-flush-frequency",
+		// cadvisor's, which kube-proxy's binary carries in its global flag set.
+		"boot-id-file", "machine-id-file"} {
 		k.noEffect[name] = fs.String(name, "", "kube-proxy's --"+name+": accepted with a warning, it has no effect in nftproxy")
 	}
 }
@@ -100,7 +102,7 @@ func (o *options) applyKubeProxyFlags(fs *flag.FlagSet) error {
 		}
 		for name := range k.noEffect {
 			if set(fs, name) {
-				o.warn("--%s has no effect in nftproxy (kube-proxy's IPVS mode or klog)", name)
+				o.warn("--%s has no effect in nftproxy (kube-proxy's IPVS mode, klog or cadvisor)", name)
 			}
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"maps"
 	"net/http"
@@ -34,25 +33,7 @@ import (
 // binary is the nftproxy built once for the tier (empty when not root).
 var binary string
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code := func() int {
-		if !testing.Short() && netns.Usable() == "" { // -short first: the probe makes a namespace
-			dir, err := os.MkdirTemp("", "nftproxy-cluster-bin-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			if binary, err = e2e.Build(dir); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(e2e.RunTests(m, &binary)) }
 
 // env is the cluster every subtest shares; each subtest has its own
 // Kubernetes namespace, ClusterIPs and NodePorts, and deletes its objects.
@@ -423,6 +404,28 @@ func (e *env) backends(np int32, health int32) []Backend {
 	return out
 }
 
+// loadBalancer starts a load balancer on port in front of every node's
+// NodePort np, checked at health as backends says. The caller closes it.
+func (e *env) loadBalancer(port uint16, np, health int32) *LoadBalancer {
+	e.t.Helper()
+	lb, err := e.c.StartLoadBalancer(port, e.backends(np, health), 100*time.Millisecond)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return lb
+}
+
+// allHealthy waits until lb finds every node healthy.
+func (e *env) allHealthy(lb *LoadBalancer) {
+	e.t.Helper()
+	e.eventually("every node healthy behind the load balancer", func() error {
+		if h := lb.Healthy(); len(h) != len(e.c.Topo.Nodes) {
+			return fmt.Errorf("healthy %v", h)
+		}
+		return nil
+	})
+}
+
 func testPolicyLocal(e *env) {
 	t := e.t
 	vip := netip.MustParseAddrPort("10.96.31.10:80")
@@ -454,10 +457,7 @@ func testPolicyLocal(e *env) {
 	}
 	e.eventually("health check port", func() error { return e.checkHealthCheckPort(hc, map[string]int{"node-2": 2}) })
 
-	lb, err := e.c.StartLoadBalancer(80, e.backends(np, hc), 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := e.loadBalancer(80, np, hc)
 	defer lb.Close()
 	through := func(want []endpoint) error {
 		got, err := e.answers(client, lb.Addr(), 30)
@@ -622,17 +622,9 @@ func testRollingRestart(e *env) {
 	e.eventually("service", func() error {
 		return errors.Join(e.answeredBy(podClient.NS, vip, names(all)), e.answeredBy(client, nodePortOf(e.node(3), np), names(all)))
 	})
-	lb, err := e.c.StartLoadBalancer(81, e.backends(np, 0), 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := e.loadBalancer(81, np, 0)
 	defer lb.Close()
-	e.eventually("every node healthy behind the load balancer", func() error {
-		if h := lb.Healthy(); len(h) != 3 {
-			return fmt.Errorf("healthy %v", h)
-		}
-		return nil
-	})
+	e.allHealthy(lb)
 
 	tr := &traffic{stop: make(chan struct{})}
 	type flow struct {
@@ -683,17 +675,9 @@ func testNodeDrain(e *env) {
 	e.slice("web", remote)
 	client := e.c.Topo.Client
 	e.eventually("service", func() error { return e.answeredBy(client, nodePortOf(e.node(1), np), names(remote)) })
-	lb, err := e.c.StartLoadBalancer(82, e.backends(np, 0), 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := e.loadBalancer(82, np, 0)
 	defer lb.Close()
-	e.eventually("every node healthy behind the load balancer", func() error {
-		if h := lb.Healthy(); len(h) != 3 {
-			return fmt.Errorf("healthy %v", h)
-		}
-		return nil
-	})
+	e.allHealthy(lb)
 	tr := &traffic{stop: make(chan struct{})}
 	if err := tr.hold(e, "NodePort of node-1", client, nodePortOf(e.node(1), np)); err != nil {
 		t.Fatal(err)

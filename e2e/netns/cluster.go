@@ -225,19 +225,8 @@ func (n *ClusterNode) build() error {
 		fmt.Sprintf("link set %s up", NodeUplink),
 		fmt.Sprintf("addr add %s/24 dev %s", n.Addr, NodeUplink),
 		fmt.Sprintf("route add default via %s dev %s", n.gateway(), NodeUplink),
-		fmt.Sprintf("link add %s type bridge forward_delay 0 stp_state 0 mcast_snooping 0", BridgeName),
-		fmt.Sprintf("link set %s up", BridgeName),
-		fmt.Sprintf("addr add %s/%d dev %s", n.Bridge, n.PodCIDR.Bits(), BridgeName),
 	}
-	for i, p := range n.Pods {
-		port := fmt.Sprintf("vethp%d", i)
-		cmds = append(cmds,
-			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, PodIface, p.NS.Name()),
-			fmt.Sprintf("link set %s master %s", port, BridgeName),
-			fmt.Sprintf("link set %s type bridge_slave hairpin on", port),
-			fmt.Sprintf("link set %s up", port),
-		)
-	}
+	cmds = append(cmds, podBridge(n.Pods, netip.PrefixFrom(n.Bridge, n.PodCIDR.Bits()))...)
 	if err := n.NS.IPBatch(cmds...); err != nil {
 		return err
 	}

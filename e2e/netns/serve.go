@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -323,6 +324,18 @@ func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
 		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// Outcome names a failed ask as tests and the demo show it: "refused",
+// "timeout", or else the error's text.
+func Outcome(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case IsTimeout(err):
+		return "timeout"
+	}
+	return err.Error()
 }
 
 func deadline(ctx context.Context) time.Time {

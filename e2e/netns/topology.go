@@ -165,23 +165,9 @@ func (t *Topology) build(opts TopologyOptions) error {
 		fmt.Sprintf("link set %s up", NodeUplink),
 		fmt.Sprintf("addr add %s/%d dev %s", NodeAddr, ClientCIDR.Bits(), NodeUplink),
 		fmt.Sprintf("addr add %s/%d dev %s nodad", NodeAddr6, ClientCIDR6.Bits(), NodeUplink),
-		// STP off and no forward delay: ports forward as soon as they are up.
-		// No multicast snooping so IPv6 neighbour discovery is simply flooded.
-		fmt.Sprintf("link add %s type bridge forward_delay 0 stp_state 0 mcast_snooping 0", BridgeName),
-		fmt.Sprintf("link set %s up", BridgeName),
-		fmt.Sprintf("addr add %s/%d dev %s", BridgeAddr, PodCIDR.Bits(), BridgeName),
-		fmt.Sprintf("addr add %s/%d dev %s nodad", BridgeAddr6, PodCIDR6.Bits(), BridgeName),
 	}
-	for i, p := range t.allPods() {
-		port := fmt.Sprintf("vethp%d", i)
-		cmds = append(cmds,
-			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, PodIface, p.NS.Name()),
-			fmt.Sprintf("link set %s master %s", port, BridgeName),
-			// Hairpin lets a pod reach itself through a service VIP.
-			fmt.Sprintf("link set %s type bridge_slave hairpin on", port),
-			fmt.Sprintf("link set %s up", port),
-		)
-	}
+	cmds = append(cmds, podBridge(t.allPods(),
+		netip.PrefixFrom(BridgeAddr, PodCIDR.Bits()), netip.PrefixFrom(BridgeAddr6, PodCIDR6.Bits()))...)
 	if err := t.Node.IPBatch(cmds...); err != nil {
 		return err
 	}
@@ -215,6 +201,36 @@ func (t *Topology) build(opts TopologyOptions) error {
 		}
 	}
 	return t.waitRunning()
+}
+
+// podBridge returns the ip commands, run in the node namespace, that create
+// the pod bridge with the gateway addresses and a veth port named vethp<i>
+// towards each pod's PodIface.
+func podBridge(pods []*Pod, gateways ...netip.Prefix) []string {
+	cmds := []string{
+		// STP off and no forward delay: ports forward as soon as they are up.
+		// No multicast snooping so IPv6 neighbour discovery is simply flooded.
+		fmt.Sprintf("link add %s type bridge forward_delay 0 stp_state 0 mcast_snooping 0", BridgeName),
+		fmt.Sprintf("link set %s up", BridgeName),
+	}
+	for _, gw := range gateways {
+		nodad := "" // an IPv6 address is usable at once, without duplicate detection
+		if gw.Addr().Is6() {
+			nodad = " nodad"
+		}
+		cmds = append(cmds, fmt.Sprintf("addr add %s dev %s%s", gw, BridgeName, nodad))
+	}
+	for i, p := range pods {
+		port := fmt.Sprintf("vethp%d", i)
+		cmds = append(cmds,
+			fmt.Sprintf("link add %s type veth peer name %s netns %s", port, PodIface, p.NS.Name()),
+			fmt.Sprintf("link set %s master %s", port, BridgeName),
+			// Hairpin lets a pod reach itself through a service VIP.
+			fmt.Sprintf("link set %s type bridge_slave hairpin on", port),
+			fmt.Sprintf("link set %s up", port),
+		)
+	}
+	return cmds
 }
 
 // fastNeighbours makes ARP and neighbour discovery retry after 100 ms instead

@@ -1,0 +1,45 @@
+// Package k8sfuzz turns a fuzzer's bytes into what the tracker makes of API
+// objects, so the fuzz targets of k8s and proxier start from the same input.
+package k8sfuzz
+
+import (
+	"encoding/json"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/nftproxy/nftproxy/k8s"
+)
+
+// Objects is the input of the fuzz targets: API objects in JSON, with any
+// field values, including ones the API server would reject.
+type Objects struct {
+	Services []*v1.Service                `json:"services"`
+	Slices   []*discoveryv1.EndpointSlice `json:"slices"`
+	Node     *v1.Node                     `json:"node"`
+}
+
+// Snapshot decodes data as Objects and returns the snapshot a tracker on
+// node-1 makes of them; false when data is not such JSON.
+func Snapshot(data []byte) (*k8s.Snapshot, bool) {
+	var objs Objects
+	if json.Unmarshal(data, &objs) != nil {
+		return nil, false
+	}
+	// Informers never hand over nil objects.
+	var svcs []*v1.Service
+	for _, s := range objs.Services {
+		if s != nil {
+			svcs = append(svcs, s)
+		}
+	}
+	var slices []*discoveryv1.EndpointSlice
+	for _, s := range objs.Slices {
+		if s != nil {
+			slices = append(slices, s)
+		}
+	}
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	tr.ReplaceAll(svcs, slices, objs.Node)
+	return tr.Snapshot(), true
+}
