@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -133,4 +134,56 @@ func TestFirewallRealPackets(t *testing.T) {
 		{fwFirst, fwLBA, true}, {fwSecond, fwLBA, true},
 		{fwFirst, fwLBB, false}, {fwSecond, fwLBB, true},
 	})
+}
+
+// BenchmarkSourceRangesChange: n load balancers with two source ranges
+// each, loaded over netlink in a namespace; each iteration changes one
+// service's ranges and applies the delta. It prints the ruleset's chains,
+// sets and maps (fixed) and what one change sends (its service's elements
+// only):
+//
+//	go test -run - -bench SourceRanges ./proxier/
+func BenchmarkSourceRangesChange(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			snap := &k8s.Snapshot{Node: k8s.Node{Name: "node-1", Addrs: []netip.Addr{netns.NodeAddr}}}
+			for i := range n {
+				sp := svc(fmt.Sprintf("lb-%d", i), "http", fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), 2)
+				sp.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(i / 250), byte(1 + i%250)})}
+				sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"),
+					netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 64, byte(i / 250), byte(i % 250)}), 32)}
+				snap.Services = append(snap.Services, sp)
+			}
+			ns := netns.New(b, "pfb")
+			conn, err := nftnl.Dial(ns.Fd())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			state, rs := newIncremental(snap, testConfig, nil)
+			start := time.Now()
+			if _, err := nftnl.Apply(conn, rs); err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("%d load balancers: %d chains, %d sets and maps, full apply %v", n, len(rs.Chains), len(rs.Sets), time.Since(start).Round(time.Millisecond))
+			// The service port in its two versions, swapped each iteration:
+			// the update and its apply alone are timed.
+			versions := [2]k8s.ServicePort{snap.Services[n/2], snap.Services[n/2]}
+			versions[1].LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25")}
+			var last m.Stats
+			b.ResetTimer()
+			for i := range b.N {
+				from, to := &versions[i%2], &versions[(i+1)%2]
+				changes, ok := state.update(snap.Node, nil, []portChange{{old: from, new: to}})
+				if !ok {
+					b.Fatal("update refused")
+				}
+				if last, err = nftnl.ApplyChanges(conn, m.IPv4, TableName, &changes); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.Logf("one service's ranges changed: %d elements, %d chains, %d messages", last.Elements, last.Chains, last.Messages)
+		})
+	}
 }
