@@ -131,6 +131,31 @@ func TestDiffCarriesSetTypes(t *testing.T) {
 	}
 }
 
+// An interval set's element whose end moves is deleted and added again (the
+// kernel can't change it in place), with the set's Interval carried along;
+// an interval set that loses its flag is not incremental.
+func TestDiffIntervalElements(t *testing.T) {
+	a := func(x string) Value { return A(netip.MustParseAddr(x)) }
+	key := func(c string) []Value { return []Value{a("192.0.2.1"), N(6), N(80), a(c)} }
+	set := func(end string) *Ruleset {
+		return &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{{Name: "allow", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeIPv4Addr}, Interval: true,
+			Elements: []Element{{Key: key("10.0.0.0"), KeyEnd: key(end)}, {Key: key("192.0.2.1")}}}}}
+	}
+	got, ok := Diff(set("10.255.255.255"), set("10.0.255.255"))
+	if !ok || len(got.DelElements) != 1 || len(got.AddElements) != 1 || !got.DelElements[0].Interval ||
+		len(got.DelElements[0].Elements) != 1 || got.AddElements[0].Elements[0].KeyEnd[3] != a("10.0.255.255") {
+		t.Errorf("Diff = %+v, %v; want the range deleted and added with its new end", got, ok)
+	}
+	if got, _ := Diff(set("10.255.255.255"), set("10.255.255.255")); !got.Empty() {
+		t.Errorf("Diff of equal sets = %+v", got)
+	}
+	plain := set("10.255.255.255")
+	plain.Sets[0].Interval = false
+	if _, ok := Diff(set("10.255.255.255"), plain); ok {
+		t.Error("Diff: a set losing its interval flag is incremental")
+	}
+}
+
 func TestDiffNotIncremental(t *testing.T) {
 	tests := map[string]*Ruleset{
 		"set type changed":   testRuleset(func(rs *Ruleset) { rs.Sets[1].Data = []DataType{TypeIPv4Addr} }),
