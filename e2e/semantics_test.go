@@ -269,16 +269,24 @@ func TestSemLoadBalancerSourceRanges(t *testing.T) {
 	s.semWantAnswers("client in the range", s.topo.Client, netip.Addr{}, lb, 5, pod)
 	s.semWantDropped("node (no address in the ranges)", s.topo.Node, netip.Addr{}, lb)
 
-	// A range holding one of the node's addresses lets every local source
-	// through; the client is no longer allowed. NodePorts are not filtered.
+	// The node's addresses in the ranges pass like any source; the client
+	// is no longer allowed. NodePorts are not filtered.
 	web.spec = "  loadBalancerSourceRanges: [10.0.0.0/8, 192.168.77.1/32]\n"
 	s.change(func() { s.write("web.yaml", web.yaml()) })
 	s.semWantDropped("client outside the ranges", s.topo.Client, netip.Addr{}, lb)
 	s.semWantAnswers("client to the NodePort", s.topo.Client, netip.Addr{}, nodePort, 5, pod)
 	s.semWantAnswers("node from its address in the range", s.topo.Node, netns.NodeAddr, lb, 5, pod)
-	s.semWantAnswers("node from its bridge address (not in the range)", s.topo.Node, netns.BridgeAddr, lb, 5, pod)
+	s.semWantAnswers("node from its bridge address (in 10.0.0.0/8)", s.topo.Node, netns.BridgeAddr, lb, 5, pod)
 	// A pod's address is in 10.0.0.0/8.
 	s.semWantAnswers("pod in the range", s.topo.InClusterClient.NS, netip.Addr{}, lb, 5, pod)
+
+	// Like kube-proxy, a range holding a node address lets the load
+	// balancer's own address through as a source (the node holding it),
+	// not every local address: the bridge address is outside the range.
+	web.spec = "  loadBalancerSourceRanges: [192.168.77.1/32]\n"
+	s.change(func() { s.write("web.yaml", web.yaml()) })
+	s.semWantAnswers("node from its address in the range, again", s.topo.Node, netns.NodeAddr, lb, 5, pod)
+	s.semWantDropped("node from its bridge address (outside the range)", s.topo.Node, netns.BridgeAddr, lb)
 }
 
 // semAffinity is the spec of a ClientIP affinity, with the default timeout

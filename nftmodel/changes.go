@@ -25,6 +25,7 @@ type SetElements struct {
 	Key      []DataType
 	Data     []DataType
 	Timeout  time.Duration
+	Interval bool // the set holds ranges: elements carry their KeyEnd
 	Elements []Element
 }
 

@@ -31,15 +31,15 @@ func diffSets(c *Changes, applied, desired *Ruleset) bool {
 			continue
 		}
 		delete(old, s.Name)
-		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout || !o.Typeof.Equal(s.Typeof) {
+		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout || o.Interval != s.Interval || !o.Typeof.Equal(s.Typeof) {
 			return false
 		}
 		del, add := diffElements(o, s)
 		if len(del) > 0 {
-			c.DelElements = append(c.DelElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Elements: del})
+			c.DelElements = append(c.DelElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Interval: s.Interval, Elements: del})
 		}
 		if len(add) > 0 {
-			c.AddElements = append(c.AddElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Elements: add})
+			c.AddElements = append(c.AddElements, SetElements{Set: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Interval: s.Interval, Elements: add})
 		}
 	}
 	for _, s := range applied.Sets {

@@ -131,6 +131,31 @@ func TestDiffCarriesSetTypes(t *testing.T) {
 	}
 }
 
+// An interval set's element whose end moves is deleted and added again (the
+// kernel can't change it in place), with the set's Interval carried along;
+// an interval set that loses its flag is not incremental.
+func TestDiffIntervalElements(t *testing.T) {
+	a := func(x string) Value { return A(netip.MustParseAddr(x)) }
+	key := func(c string) []Value { return []Value{a("192.0.2.1"), N(6), N(80), a(c)} }
+	set := func(end string) *Ruleset {
+		return &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{{Name: "allow", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeIPv4Addr}, Interval: true,
+			Elements: []Element{{Key: key("10.0.0.0"), KeyEnd: key(end)}, {Key: key("192.0.2.1")}}}}}
+	}
+	got, ok := Diff(set("10.255.255.255"), set("10.0.255.255"))
+	if !ok || len(got.DelElements) != 1 || len(got.AddElements) != 1 || !got.DelElements[0].Interval ||
+		len(got.DelElements[0].Elements) != 1 || got.AddElements[0].Elements[0].KeyEnd[3] != a("10.0.255.255") {
+		t.Errorf("Diff = %+v, %v; want the range deleted and added with its new end", got, ok)
+	}
+	if got, _ := Diff(set("10.255.255.255"), set("10.255.255.255")); !got.Empty() {
+		t.Errorf("Diff of equal sets = %+v", got)
+	}
+	plain := set("10.255.255.255")
+	plain.Sets[0].Interval = false
+	if _, ok := Diff(set("10.255.255.255"), plain); ok {
+		t.Error("Diff: a set losing its interval flag is incremental")
+	}
+}
+
 func TestDiffNotIncremental(t *testing.T) {
 	tests := map[string]*Ruleset{
 		"set type changed":   testRuleset(func(rs *Ruleset) { rs.Sets[1].Data = []DataType{TypeIPv4Addr} }),
@@ -157,6 +182,33 @@ func TestRenderSortsLikeNft(t *testing.T) {
 	want := []string{"tcp . 256", "tcp . 1", "sctp . 5", "udp . 53", "tcp . 80", "udp . 80", "tcp . 30080"}
 	if diff := gocmp.Diff(want, got); diff != "" {
 		t.Errorf("element order (-want +got):\n%s", diff)
+	}
+}
+
+// An interval set's element prints each part as nft lists it: one value,
+// a prefix, or a range.
+func TestRenderRange(t *testing.T) {
+	s := &Set{Name: "s", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService, TypeIPv4Addr}, Interval: true}
+	a := func(x string) Value { return A(netip.MustParseAddr(x)) }
+	key := func(c string) []Value { return []Value{a("192.0.2.1"), N(6), N(80), a(c)} }
+	tests := []struct {
+		el   Element
+		want string
+	}{
+		{Element{Key: key("10.0.0.1")}, "192.0.2.1 . tcp . 80 . 10.0.0.1"},
+		{Element{Key: key("10.0.0.0"), KeyEnd: key("10.255.255.255")}, "192.0.2.1 . tcp . 80 . 10.0.0.0/8"},
+		{Element{Key: key("0.0.0.0"), KeyEnd: key("255.255.255.255")}, "192.0.2.1 . tcp . 80 . 0.0.0.0/0"},
+		{Element{Key: key("10.0.0.1"), KeyEnd: key("10.0.0.9")}, "192.0.2.1 . tcp . 80 . 10.0.0.1-10.0.0.9"},
+		{Element{Key: key("10.0.0.0"), KeyEnd: []Value{a("192.0.2.1"), N(6), N(90), a("10.0.0.0")}}, "192.0.2.1 . tcp . 80-90 . 10.0.0.0"},
+	}
+	for _, tt := range tests {
+		if got := renderElement(s, tt.el); got != tt.want {
+			t.Errorf("renderElement = %q, want %q", got, tt.want)
+		}
+	}
+	p := netip.MustParsePrefix("fd00:1::/64")
+	if got, ok := RangePrefix(p.Addr(), LastAddr(p)); !ok || got != p {
+		t.Errorf("RangePrefix(%v) = %v, %v", p, got, ok)
 	}
 }
 

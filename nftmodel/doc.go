@@ -1,6 +1,7 @@
 // Package nftmodel is a small, sealed model of one nftables table as nftproxy
 // writes it: chains (base or regular), rules built from a closed vocabulary of
-// expressions, and named sets and maps with their elements.
+// expressions, and named sets and maps with their elements (an interval set
+// of concatenations holds ranges: each element a first and a last key).
 //
 // The model has one renderer to nft syntax (Render), whose text is exactly what
 // `nft list table` prints once the same model has been applied over netlink; a

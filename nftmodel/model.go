@@ -151,10 +151,12 @@ type MatchIifname struct {
 	Negate bool
 }
 
-// MatchSet matches when the concatenation of Key is an element of the named set.
+// MatchSet matches when the concatenation of Key is an element of the named
+// set (with Negate, when it is not).
 type MatchSet struct {
-	Key []Field
-	Set string
+	Key    []Field
+	Set    string
+	Negate bool
 }
 
 // VerdictMap looks the concatenation of Key up in a named verdict map and
@@ -284,7 +286,11 @@ type Set struct {
 	Timeout time.Duration // default element timeout; 0 for none
 	// Size bounds the elements of a set with a timeout, which the packet
 	// path fills; 0 is nft's default, 65535.
-	Size     uint32
+	Size uint32
+	// Interval makes the set hold ranges (nft's `flags interval`): each
+	// element matches every key from Key to KeyEnd, part by part. Only
+	// plain sets with a concatenated key (the kernel's pipapo) are used so.
+	Interval bool
 	Elements []Element
 }
 
@@ -330,6 +336,32 @@ type Value struct {
 	Num  uint32
 }
 
+// Contains tells whether an interval set's element holds key: every part
+// lies between the element's Key and KeyEnd.
+func (e Element) Contains(key []Value) bool {
+	if len(key) != len(e.Key) {
+		return false
+	}
+	end := e.KeyEnd
+	if end == nil {
+		end = e.Key
+	}
+	for i, v := range key {
+		lo, hi := e.Key[i], end[i]
+		if lo.Addr.IsValid() {
+			a := v.Addr.Unmap()
+			if a.Less(lo.Addr) || hi.Addr.Less(a) {
+				return false
+			}
+			continue
+		}
+		if v.Num < lo.Num || v.Num > hi.Num {
+			return false
+		}
+	}
+	return true
+}
+
 // A returns an address value.
 func A(a netip.Addr) Value { return Value{Addr: a} }
 
@@ -339,7 +371,10 @@ func N(n uint32) Value { return Value{Num: n} }
 // Element is one element of a set or map. Data is the value of a data map;
 // Verdict the value of a verdict map.
 type Element struct {
-	Key     []Value
+	Key []Value
+	// KeyEnd is the last key of an interval set's element; nil for one key
+	// (and in every other set).
+	KeyEnd  []Value
 	Data    []Value
 	Verdict *Verdict
 	Comment string

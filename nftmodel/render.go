@@ -54,6 +54,9 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 		}
 	}
 	b.WriteString("\n")
+	if s.Interval {
+		b.WriteString("\t\tflags interval\n")
+	}
 	if s.Timeout > 0 {
 		fmt.Fprintf(b, "\t\tsize %d\n\t\tflags dynamic,timeout\n", s.DeclaredSize())
 		fmt.Fprintf(b, "\t\ttimeout %s\n", formatDuration(s.Timeout))
@@ -93,7 +96,11 @@ func elementsPerLine(key []DataType) int {
 
 func renderElement(s *Set, e Element) string {
 	var b strings.Builder
-	b.WriteString(RenderValues(s.Key, e.Key))
+	if e.KeyEnd != nil {
+		b.WriteString(RenderRange(s.Key, e.Key, e.KeyEnd))
+	} else {
+		b.WriteString(RenderValues(s.Key, e.Key))
+	}
 	if e.Comment != "" {
 		fmt.Fprintf(&b, " comment %q", e.Comment)
 	}
@@ -113,6 +120,50 @@ func RenderValues(types []DataType, vals []Value) string {
 		parts[i] = renderValue(types[i], v)
 	}
 	return strings.Join(parts, " . ")
+}
+
+// RenderRange prints an interval set's element from lo to hi as nft lists
+// it: each part one value where both ends agree, else a prefix where the
+// addresses span exactly one, else lo-hi.
+func RenderRange(types []DataType, lo, hi []Value) string {
+	parts := make([]string, len(lo))
+	for i := range lo {
+		switch {
+		case lo[i] == hi[i]:
+			parts[i] = renderValue(types[i], lo[i])
+		case lo[i].Addr.IsValid():
+			if p, ok := RangePrefix(lo[i].Addr, hi[i].Addr); ok {
+				parts[i] = p.String()
+			} else {
+				parts[i] = lo[i].Addr.String() + "-" + hi[i].Addr.String()
+			}
+		default:
+			parts[i] = renderValue(types[i], lo[i]) + "-" + renderValue(types[i], hi[i])
+		}
+	}
+	return strings.Join(parts, " . ")
+}
+
+// RangePrefix returns the prefix holding exactly the addresses lo to hi,
+// if there is one.
+func RangePrefix(lo, hi netip.Addr) (netip.Prefix, bool) {
+	for bits := 0; bits <= lo.BitLen(); bits++ {
+		p := netip.PrefixFrom(lo, bits)
+		if p.Masked().Addr() == lo && LastAddr(p) == hi {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// LastAddr is the highest address of a prefix.
+func LastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func renderValue(t DataType, v Value) string {
@@ -357,6 +408,9 @@ func renderExpr(f Family, e Expr) string {
 		}
 		return fmt.Sprintf("iifname %s%q", op, e.Name)
 	case MatchSet:
+		if e.Negate {
+			return fmt.Sprintf("%s != @%s", fieldsName(f, e.Key), e.Set)
+		}
 		return fmt.Sprintf("%s @%s", fieldsName(f, e.Key), e.Set)
 	case VerdictMap:
 		return fmt.Sprintf("%s vmap @%s", fieldsName(f, e.Key), e.Map)

@@ -513,7 +513,7 @@ func (t *tracer) eval(w *walk, r Rule) action {
 				return action{kind: actNoMatch}
 			}
 		case MatchSet:
-			if _, ok := t.lookup(w, e.Set, e.Key); !ok {
+			if _, ok := t.lookup(w, e.Set, e.Key); ok == e.Negate {
 				return action{kind: actNoMatch}
 			}
 		case VerdictMap:
@@ -665,6 +665,9 @@ func (t *tracer) lookupValues(name string, want []Value) (Element, bool) {
 		panic(fmt.Sprintf("nftmodel: trace: key of %d parts for %q, whose key has %d parts", len(want), name, len(s.Key)))
 	}
 	for _, el := range s.Elements {
+		if s.Interval && el.Contains(want) {
+			return el, true
+		}
 		if slices.EqualFunc(el.Key, want, func(a, b Value) bool { return a.Addr.Unmap() == b.Addr && a.Num == b.Num }) {
 			return el, true
 		}

@@ -289,6 +289,24 @@ func TestTrace(t *testing.T) {
 				{Key: []Value{a("10.244.1.11"), a("10.244.1.11")}}}},
 		)
 	}
+	// firewall drops what goes to a guarded address, protocol and port
+	// from outside its ranges: 192.0.2.1:80 allows 192.168.77.0/24 and
+	// itself, 192.0.2.2:80 allows 10.0.0.0/8.
+	firewall := func() *Ruleset {
+		fwT := append(vipT[:3:3], TypeIPv4Addr)
+		key := func(lb string, client string) []Value { return []Value{a(lb), N(6), N(80), a(client)} }
+		return withSets(tableOf(
+			baseChain("fw", TypeFilter, HookPrerouting, -110,
+				rule(MatchSet{Key: vipKey, Set: "firewall-ips"}, MatchSet{Key: append(vipKey[:3:3], FieldSaddr), Set: "firewall-allow", Negate: true}, drop)),
+		),
+			&Set{Name: "firewall-ips", Key: vipT, Elements: []Element{
+				{Key: []Value{a("192.0.2.1"), N(6), N(80)}}, {Key: []Value{a("192.0.2.2"), N(6), N(80)}}}},
+			&Set{Name: "firewall-allow", Key: fwT, Interval: true, Elements: []Element{
+				{Key: key("192.0.2.1", "192.168.77.0"), KeyEnd: key("192.0.2.1", "192.168.77.255")},
+				{Key: key("192.0.2.1", "192.0.2.1")},
+				{Key: key("192.0.2.2", "10.0.0.0"), KeyEnd: key("192.0.2.2", "10.255.255.255")}}},
+		)
+	}
 	from := func(p Packet, src string) Packet { p.Src = netip.MustParseAddr(src); return p }
 	withMark := func(p Packet, mark uint32) Packet { p.Mark = mark; return p }
 	asUDP := func(p Packet) Packet { p.Proto = 17; return p }
@@ -322,6 +340,42 @@ func TestTrace(t *testing.T) {
 			}(),
 			p:    tcpPacket("10.96.0.10:80"),
 			want: Outcome{Verdict: VerdictReject, Branches: []Branch{{Verdict: VerdictReject}}},
+		},
+		{
+			name: "source in an allowed range passes the firewall",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.1:80"), "192.168.77.9"),
+			want: Outcome{Verdict: VerdictAccept, Branches: []Branch{{Verdict: VerdictAccept}}},
+		},
+		{
+			name: "source outside every range of its address is dropped",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.1:80"), "192.168.78.1"),
+			want: Outcome{Verdict: VerdictDrop, Branches: []Branch{{Verdict: VerdictDrop}}},
+		},
+		{
+			name: "another address's range does not open this one",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.1:80"), "10.1.2.3"),
+			want: Outcome{Verdict: VerdictDrop, Branches: []Branch{{Verdict: VerdictDrop}}},
+		},
+		{
+			name: "a range's last address is in it",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.2:80"), "10.255.255.255"),
+			want: Outcome{Verdict: VerdictAccept, Branches: []Branch{{Verdict: VerdictAccept}}},
+		},
+		{
+			name: "a single allowed address",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.1:80"), "192.0.2.1"),
+			want: Outcome{Verdict: VerdictAccept, Branches: []Branch{{Verdict: VerdictAccept}}},
+		},
+		{
+			name: "a port without ranges is open",
+			rs:   firewall(),
+			p:    from(tcpPacket("192.0.2.1:81"), "10.1.2.3"),
+			want: Outcome{Verdict: VerdictAccept, Branches: []Branch{{Verdict: VerdictAccept}}},
 		},
 		{
 			name: "negated prefix matches a source outside it",

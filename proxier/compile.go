@@ -75,8 +75,10 @@ func (c Config) addrInFamily(a netip.Addr) bool {
 var rejectVerdict = &m.Verdict{Kind: m.Goto, Chain: chainReject}
 
 var (
-	vipKey    = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
-	clientKey = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
+	vipKey = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport}
+	// firewallKey is a load balancer address key and the client's address.
+	firewallKey = []m.Field{m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport, m.FieldSaddr}
+	clientKey   = []m.Field{m.FieldSaddr, m.FieldDaddr, m.FieldL4Proto, m.FieldTHDport} // the affinity map's
 	// A connection's client key and endpoint after DNAT, from conntrack.
 	connKey     = []m.Field{m.FieldSaddr, m.FieldCtOriginalDaddr, m.FieldL4Proto, m.FieldCtOriginalProtoDst}
 	connTarget  = []m.Field{m.FieldCtReplySaddr, m.FieldCtReplyProtoSrc}
@@ -135,7 +137,6 @@ type piece struct {
 	clusterIPs []netip.Addr
 	uses       []sharedObj // shared chains it needs
 	slotOrders []slotOrder // the order of each endpoint list in the slots
-	chains     []*m.Chain  // its own (firewall)
 	affinity   bool        // it fills the affinity map
 }
 
@@ -234,7 +235,8 @@ type compiler struct {
 	// Declarations of the shared sets, without elements.
 	serviceIPs, serviceNodePorts        *m.Set
 	noEndpointIPs, noEndpointNodePorts  *m.Set
-	hairpin, firewallIPs, clusterIPs    *m.Set
+	hairpin, clusterIPs                 *m.Set
+	firewallIPs, firewallAllow          *m.Set
 	endpoints, nodePortEndpoints        *m.Set
 	affinity                            *m.Set
 	affinityServices, affinityNodePorts *m.Set
@@ -279,7 +281,8 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 	c.noEndpointIPs = &m.Set{Name: mapNoEndpointServices, Key: c.vipT, Data: verdict}
 	c.noEndpointNodePorts = &m.Set{Name: mapNoEndpointNodePorts, Key: c.npT, Data: verdict}
 	c.hairpin = &m.Set{Name: setHairpin, Key: []m.DataType{addrT, addrT}}
-	c.firewallIPs = &m.Set{Name: mapFirewallIPs, Key: c.vipT, Data: verdict}
+	c.firewallIPs = &m.Set{Name: setFirewallIPs, Key: c.vipT}
+	c.firewallAllow = &m.Set{Name: setFirewallAllow, Key: append(slices.Clone(c.vipT), addrT), Interval: true}
 	c.clusterIPs = &m.Set{Name: setClusterIPs, Key: []m.DataType{addrT}}
 	c.endpoints = &m.Set{Name: mapEndpoints, Key: append(slices.Clone(c.vipT), m.TypeInteger), Data: c.targetT,
 		Typeof: &m.Typeof{Key: vipKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
@@ -310,7 +313,7 @@ func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
 // order the ruleset lists them.
 func (c *compiler) fixedSets() []*m.Set {
 	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
-		c.hairpin, c.firewallIPs, c.clusterIPs, c.endpoints, c.nodePortEndpoints,
+		c.hairpin, c.firewallIPs, c.firewallAllow, c.clusterIPs, c.endpoints, c.nodePortEndpoints,
 		c.affinity, c.affinityServices, c.affinityNodePorts}
 }
 
@@ -552,7 +555,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	}
 	hairpin, clusterIPs := make(map[netip.Addr]bool, nHairpin), make(map[netip.Addr]bool, nClusterIPs)
 	used := map[sharedObj]bool{}
-	var ownChains []*m.Chain
 	for _, p := range pieces {
 		for _, ke := range p.elements {
 			elements[ke.set] = append(elements[ke.set], ke.el)
@@ -569,7 +571,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, o := range p.uses {
 			used[o] = true
 		}
-		ownChains = append(ownChains, p.chains...)
 	}
 	elements[c.hairpin] = make([]m.Element, 0, len(hairpin))
 	for a := range hairpin {
@@ -595,7 +596,6 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for _, o := range objs {
 		rs.Chains = append(rs.Chains, c.sharedChain(o))
 	}
-	rs.Chains = append(rs.Chains, ownChains...)
 	return rs
 }
 
@@ -617,7 +617,10 @@ func (c *compiler) baseChains() []*m.Chain {
 		// Counted: nftproxy_ct_state_invalid_dropped_packets_total.
 		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Counter{}, m.Verdict{Kind: m.Drop}}})
 	}
-	firewall := m.Rule{Exprs: []m.Expr{m.VerdictMap{Key: vipKey, Map: mapFirewallIPs}}}
+	// One rule for every load balancer's source ranges: a guarded address
+	// key whose source is in none of its ranges is dropped.
+	firewall := m.Rule{Exprs: []m.Expr{m.MatchSet{Key: vipKey, Set: setFirewallIPs},
+		m.MatchSet{Key: firewallKey, Set: setFirewallAllow, Negate: true}, m.Verdict{Kind: m.Drop}}}
 	// Session affinity remembers where a new connection went, once DNAT
 	// has chosen (in output for the node's own connections).
 	remember := m.Rule{Exprs: []m.Expr{m.MatchCtStateEstablished{Negate: true}, m.MatchCtStatusDNAT{},

@@ -253,24 +253,6 @@ func (d *delta) replace(old, new *piece) {
 		}
 	}
 	d.replaceRuns(old.runs, new.runs)
-
-	// Own chains.
-	f := d.s.c.cfg.Family
-	for _, o := range old.chains {
-		if !slices.ContainsFunc(new.chains, func(n *m.Chain) bool { return n.Name == o.Name }) {
-			d.c.DelChains = append(d.c.DelChains, o.Name)
-		}
-	}
-	for _, n := range new.chains {
-		i := slices.IndexFunc(old.chains, func(o *m.Chain) bool { return o.Name == n.Name })
-		switch {
-		case i < 0:
-			d.c.AddChains = append(d.c.AddChains, n)
-			d.c.RewriteChains = append(d.c.RewriteChains, n)
-		case !slices.EqualFunc(old.chains[i].Rules, n.Rules, func(a, b m.Rule) bool { return m.RenderRule(f, a) == m.RenderRule(f, b) }):
-			d.c.RewriteChains = append(d.c.RewriteChains, n)
-		}
-	}
 }
 
 // symmetricDifference returns what of a is not in b and what of b is not
@@ -419,7 +401,7 @@ func setElements(bySet map[*m.Set][]m.Element) []m.SetElements {
 	var out []m.SetElements
 	for set, els := range bySet {
 		if len(els) > 0 {
-			out = append(out, m.SetElements{Set: set.Name, Key: set.Key, Data: set.Data, Timeout: set.Timeout, Elements: els})
+			out = append(out, m.SetElements{Set: set.Name, Key: set.Key, Data: set.Data, Timeout: set.Timeout, Interval: set.Interval, Elements: els})
 		}
 	}
 	slices.SortFunc(out, func(a, b m.SetElements) int { return cmp.Compare(a.Set, b.Set) })
@@ -441,7 +423,7 @@ func keyOf(ke keyedElement) elementKey {
 }
 
 func elementEqual(a, b m.Element) bool {
-	return slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data) && a.Comment == b.Comment &&
+	return slices.Equal(a.Key, b.Key) && slices.Equal(a.KeyEnd, b.KeyEnd) && slices.Equal(a.Data, b.Data) && a.Comment == b.Comment &&
 		(a.Verdict == nil) == (b.Verdict == nil) && (a.Verdict == nil || *a.Verdict == *b.Verdict)
 }
 

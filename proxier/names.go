@@ -31,8 +31,11 @@ const (
 	mapNoEndpointServices  = "no-endpoint-services"
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
 	setHairpin             = "hairpin"
-	mapFirewallIPs         = "firewall-ips"
-	setClusterIPs          = "cluster-ips"
+	// Load balancer source ranges: the address keys that have some, and
+	// for each the ranges of allowed sources (key . saddr intervals).
+	setFirewallIPs   = "firewall-ips"
+	setFirewallAllow = "firewall-allow"
+	setClusterIPs    = "cluster-ips"
 	// The endpoints of every service port, keyed by the service port and a
 	// slot number: the DNAT targets.
 	mapEndpoints         = "endpoints"

@@ -1,56 +1,62 @@
 package proxier
 
 import (
-	"crypto/sha256"
-	"encoding/base32"
-	"fmt"
-	"strings"
+	"net/netip"
+	"slices"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
-// portID is the readable part of a service port's chain names.
-func portID(sp *k8s.ServicePort) string {
-	port := sp.Name.Port
-	if port == "" {
-		port = fmt.Sprint(sp.Port)
-	}
-	return fmt.Sprintf("%s/%s/%s/%s", sp.Name.Namespace, sp.Name.Name, strings.ToLower(string(sp.Name.Protocol)), port)
-}
-
-// hashName prefixes a readable name with a short hash of it, so names stay
-// unique even where the readable part is ambiguous.
-func hashName(kind, readable string) string {
-	sum := sha256.Sum256([]byte(readable))
-	return fmt.Sprintf("%s-%s-%s", kind, base32.StdEncoding.EncodeToString(sum[:])[:8], readable)
-}
-
-// firewall lets only loadBalancerSourceRanges reach the load balancer
-// address key (and the node itself when one of its addresses is in a range).
+// firewall lets only loadBalancerSourceRanges reach a load balancer
+// address key: the key joins firewall-ips, and each allowed range of
+// sources joins firewall-allow under it. Like kube-proxy, when a range
+// holds one of the node's addresses, the service's load balancer addresses
+// are allowed sources too: a node that has the address itself reaches it
+// from that address.
 func (c *compiler) firewall(p *piece, sp *k8s.ServicePort, key []m.Value) {
-	name := hashName("firewall", portID(sp))
-	p.elements = append(p.elements, keyedElement{c.firewallIPs, m.Element{Key: key, Comment: sp.Name.String(),
-		Verdict: &m.Verdict{Kind: m.Goto, Chain: name}}})
-	for _, ch := range p.chains {
-		if ch.Name == name {
-			return // another load balancer address of the same port
-		}
-	}
-	ch := &m.Chain{Name: name}
+	p.elements = append(p.elements, keyedElement{c.firewallIPs, m.Element{Key: key, Comment: sp.Name.String()}})
+	var sources []netip.Prefix
 	nodeAllowed := false
 	for _, r := range sp.LoadBalancerSourceRanges {
 		if !c.cfg.inFamily(r) {
 			continue
 		}
-		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchPrefix{Field: m.FieldSaddr, Prefix: r.Masked()}, m.Verdict{Kind: m.Return}}})
-		for _, a := range c.node.Addrs {
-			nodeAllowed = nodeAllowed || r.Contains(a)
-		}
+		sources = append(sources, r.Masked())
+		nodeAllowed = nodeAllowed || slices.ContainsFunc(c.node.Addrs, r.Contains)
 	}
 	if nodeAllowed {
-		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Return}}})
+		for _, a := range sp.LoadBalancerIPs {
+			if c.cfg.addrInFamily(a) {
+				sources = append(sources, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
 	}
-	ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: sp.Name.String() + " source ranges"})
-	p.chains = append(p.chains, ch)
+	for _, r := range disjoint(sources) {
+		el := m.Element{Key: append(slices.Clip(key), m.A(r.Addr()))}
+		if r.Bits() < r.Addr().BitLen() {
+			el.KeyEnd = append(slices.Clip(key), m.A(m.LastAddr(r)))
+		}
+		p.elements = append(p.elements, keyedElement{c.firewallAllow, el})
+	}
+}
+
+// disjoint sorts prefixes and drops each one another holds: the kernel
+// refuses overlapping ranges under one key. (Two prefixes are nested or
+// apart, so the first of a run of nested ones holds the rest.)
+func disjoint(ps []netip.Prefix) []netip.Prefix {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	out := ps[:0]
+	for _, p := range ps {
+		if len(out) > 0 && out[len(out)-1].Contains(p.Addr()) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }

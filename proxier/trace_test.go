@@ -506,3 +506,47 @@ func TestTraceAffinity(t *testing.T) {
 		})
 	}
 }
+
+// TestTraceSourceRanges: a load balancer address with source ranges lets
+// only them through, and, like kube-proxy, the load balancer addresses
+// themselves when one of the node's addresses is in a range (a node that
+// holds the address connects from it); any other address of the node is
+// not let through.
+func TestTraceSourceRanges(t *testing.T) {
+	const lb = "192.0.2.10"
+	withRanges := func(ranges ...string) []k8s.ServicePort {
+		return []k8s.ServicePort{svc("web", "http", "10.96.0.10", 1, func(sp *k8s.ServicePort) {
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(lb), netip.MustParseAddr("192.0.2.11")}
+			for _, r := range ranges {
+				sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+			}
+		})}
+	}
+	clientOnly := withRanges("192.168.77.2/32", "10.244.1.48/29", "10.244.1.50/32") // none of the node's
+	withNode := withRanges("192.168.77.0/30")
+	tests := []struct {
+		name     string
+		services []k8s.ServicePort
+		p        m.Packet
+		verdict  string
+	}{
+		{"client in a range", clientOnly, tracePkt(outsideSrc, lb, 80), m.VerdictAccept},
+		{"pod in a range nested in another", clientOnly, tracePkt(podSrc, lb, 80), m.VerdictAccept},
+		{"client outside the ranges", clientOnly, tracePkt("192.168.77.5", lb, 80), m.VerdictDrop},
+		{"another port is not guarded", clientOnly, tracePkt("192.168.77.5", lb, 81), m.VerdictAccept},
+		{"the node, none of its addresses in a range, from the address", clientOnly, tracePkt(lb, lb, 80, fromNode), m.VerdictDrop},
+		{"the node, its address in a range, from the address", withNode, tracePkt(lb, lb, 80, fromNode), m.VerdictAccept},
+		{"the node, its address in a range, from the other address", withNode, tracePkt("192.0.2.11", lb, 80, fromNode), m.VerdictAccept},
+		{"the node from its address in the range", withNode, tracePkt("192.168.77.1", lb, 80, fromNode), m.VerdictAccept},
+		{"the node from its bridge address, outside the ranges", withNode, tracePkt("10.244.1.1", lb, 80, fromNode), m.VerdictDrop},
+	}
+	node := k8s.Node{Name: "node-1", Addrs: []netip.Addr{netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("10.244.1.1")}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := m.Trace(Compile(&k8s.Snapshot{Services: tt.services, Node: node}, testConfig), tt.p)
+			if got.Verdict != tt.verdict {
+				t.Errorf("verdict %s, want %s\n%s", got.Verdict, tt.verdict, strings.Join(got.Steps, "\n"))
+			}
+		})
+	}
+}

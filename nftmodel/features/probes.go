@@ -42,6 +42,11 @@ var (
 	// came with 5.6).
 	DNATMap = &Feature{Name: "dnat to address . port from a typeof map keyed with numgen", MinKernel: "5.6",
 		program: programDNATMap}
+	// Load-balancer source ranges: one interval set of concatenations
+	// (the kernel's pipapo, 5.6) holding every guarded address . protocol
+	// . port . allowed range, matched negated.
+	IntervalConcat = &Feature{Name: "interval sets with concatenated keys, matched negated", MinKernel: "5.6",
+		program: programIntervalConcat}
 	Masquerade = &Feature{Name: "masquerade fully-random", MinKernel: "3.18", program: programMasquerade}
 	// Rejected where nftproxy rejects: from a chain jumped to from filter
 	// prerouting and output.
@@ -55,7 +60,7 @@ var (
 // Ruleset lists the nftables features every ruleset nftproxy compiles may
 // use, in an order where each probe needs only what earlier ones showed.
 func Ruleset() []*Feature {
-	return []*Feature{FilterChains, NATChains, Matches, ConcatMaps, Numgen, Fib, Ct, Timeouts, DNATMap, Masquerade, Reject, Notifications}
+	return []*Feature{FilterChains, NATChains, Matches, ConcatMaps, Numgen, Fib, Ct, Timeouts, DNATMap, IntervalConcat, Masquerade, Reject, Notifications}
 }
 
 // Priorities of nftproxy's base chains.
@@ -208,6 +213,27 @@ func programDNATMap(b *build) {
 		}})
 	rule(pre, m.DNATMap{Key: serviceKey, Numgen: 2, Map: "endpoints"})
 	rule(pre, m.DNATMap{Key: serviceKey, Numgen: 1, Offset: 65536, Map: "endpoints"})
+}
+
+// programIntervalConcat declares and matches the firewall's sets as
+// nftproxy does:
+//
+//	ip daddr . meta l4proto . th dport @firewall-ips ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow drop
+func programIntervalConcat(b *build) {
+	pre, _, _ := b.filterChains()
+	b.set(&m.Set{Name: "firewall-ips", Key: b.serviceKeyTypes(), Elements: []m.Element{{Key: b.serviceKeyValue()}}})
+	// A range beside the single address: ranges of one key must not overlap.
+	allowed := netip.MustParsePrefix("198.51.100.0/24")
+	if b.rs.Family == m.IPv6 {
+		allowed = netip.MustParsePrefix("2001:db8:1::/64")
+	}
+	b.set(&m.Set{Name: "firewall-allow", Key: append(b.serviceKeyTypes(), b.addrType()), Interval: true,
+		Elements: []m.Element{
+			{Key: append(b.serviceKeyValue(), m.A(allowed.Addr())), KeyEnd: append(b.serviceKeyValue(), m.A(m.LastAddr(allowed)))},
+			{Key: append(b.serviceKeyValue(), m.A(b.addr()))},
+		}})
+	rule(pre, m.MatchSet{Key: serviceKey, Set: "firewall-ips"},
+		m.MatchSet{Key: append(serviceKey[:3:3], m.FieldSaddr), Set: "firewall-allow", Negate: true}, m.Verdict{Kind: m.Drop})
 }
 
 func programMasquerade(b *build) {

@@ -15,6 +15,7 @@ import (
 // The names of the sets and chains the examples use; Ruleset declares them.
 const (
 	SetName      = "addrs"            // MatchSet
+	RangesName   = "ranges"           // MatchSet, negated, in an interval set
 	VmapName     = "services"         // VerdictMap
 	AffinityName = "affinity"         // UpdateSet
 	DNATName     = "endpoints"        // DNATMap without a random slot
@@ -52,6 +53,7 @@ func Exprs(f nftmodel.Family) []nftmodel.Expr {
 		nftmodel.MatchIifname{Name: "eth0"},
 		nftmodel.MatchIifname{Name: "veth*", Negate: true},
 		nftmodel.MatchSet{Key: []nftmodel.Field{nftmodel.FieldSaddr}, Set: SetName},
+		nftmodel.MatchSet{Key: append(svcKey[:3:3], nftmodel.FieldSaddr), Set: RangesName, Negate: true},
 		nftmodel.VerdictMap{Key: svcKey, Map: VmapName},
 		nftmodel.NumgenGoto{Chains: []string{PickA, PickB}},
 		nftmodel.UpdateSet{Key: []nftmodel.Field{nftmodel.FieldSaddr}, Set: AffinityName},
@@ -94,6 +96,7 @@ func Ruleset(f nftmodel.Family, exprs ...nftmodel.Expr) *nftmodel.Ruleset {
 		Table:  "modeltest",
 		Sets: []*nftmodel.Set{
 			{Name: SetName, Key: []nftmodel.DataType{addr}},
+			{Name: RangesName, Key: append(svc[:3:3], addr), Interval: true},
 			{Name: VmapName, Key: svc, Data: []nftmodel.DataType{nftmodel.TypeVerdict}},
 			{Name: AffinityName, Key: []nftmodel.DataType{addr}, Timeout: 3 * time.Hour},
 			{Name: DNATName, Key: svc, Data: []nftmodel.DataType{addr, nftmodel.TypeInetService}},

@@ -244,7 +244,7 @@ func (b *batch) reconcile(k *tableState, rs *nftmodel.Ruleset) {
 func sameSet(k, want *nftables.Set) bool {
 	if k.KeyType.GetNFTMagic() != want.KeyType.GetNFTMagic() || k.KeyType.Bytes != want.KeyType.Bytes ||
 		k.IsMap != want.IsMap || k.HasTimeout != want.HasTimeout || k.Dynamic != want.Dynamic ||
-		k.Interval || k.Constant || k.Size != want.Size {
+		k.Interval != want.Interval || k.Concatenation != want.Concatenation || k.Constant || k.Size != want.Size {
 		return false
 	}
 	// The kernel keeps timeouts in milliseconds.

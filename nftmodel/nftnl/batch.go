@@ -255,7 +255,7 @@ func (b *batch) learnSets(c *nftmodel.Changes) error {
 			}
 			if se.Key != nil {
 				b.sets[se.Set] = &nftables.Set{Table: b.table, Name: se.Set, HasTimeout: se.Timeout > 0}
-				b.types[se.Set] = &nftmodel.Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout}
+				b.types[se.Set] = &nftmodel.Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout, Interval: se.Interval}
 				continue
 			}
 			ls, err := b.conn.lib.GetSetByName(b.table, se.Set)
@@ -275,7 +275,7 @@ func (b *batch) learnSets(c *nftmodel.Changes) error {
 
 // modelTypes reads the key and value types of a set the kernel reported.
 func modelTypes(ls *nftables.Set) (*nftmodel.Set, error) {
-	s := &nftmodel.Set{Name: ls.Name}
+	s := &nftmodel.Set{Name: ls.Name, Interval: ls.Interval}
 	var err error
 	if s.Key, err = modelTypeList(ls.KeyType.GetNFTMagic()); err != nil {
 		return nil, fmt.Errorf("read key type: %w", err)
@@ -339,11 +339,16 @@ func (b *batch) elements(set string, els []nftmodel.Element, add bool) error {
 	if !add {
 		data = nil // a deletion names keys only
 	}
-	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap())
+	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap(), s.Interval)
 	for i := range els {
 		if err := enc.check(&els[i]); err != nil {
 			return fmt.Errorf("change elements of set %s: %w", set, err)
 		}
+	}
+	if add && s.Interval {
+		// nft lists an interval set's elements in the order they came,
+		// not sorted: sent sorted, a set filled at once lists as rendered.
+		els = nftmodel.SortedElements(&nftmodel.Set{Key: s.Key, Elements: els})
 	}
 	verb := "add"
 	if !add {

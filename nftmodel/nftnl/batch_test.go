@@ -516,11 +516,11 @@ func TestElementEncoderCheck(t *testing.T) {
 		{[]nftmodel.DataType{nftmodel.TypeIPv4Addr}, nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}, Comment: strings.Repeat("c", maxCommentLen+1)}},
 	}
 	for _, tt := range bad {
-		if err := newElementEncoder(tt.key, nil, false).check(&tt.el); err == nil {
+		if err := newElementEncoder(tt.key, nil, false, false).check(&tt.el); err == nil {
 			t.Errorf("check(%+v) passed", tt.el)
 		}
 	}
-	if err := newElementEncoder([]nftmodel.DataType{nftmodel.TypeIPv4Addr}, []nftmodel.DataType{nftmodel.TypeVerdict}, true).check(&nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}}); err == nil {
+	if err := newElementEncoder([]nftmodel.DataType{nftmodel.TypeIPv4Addr}, []nftmodel.DataType{nftmodel.TypeVerdict}, true, false).check(&nftmodel.Element{Key: []nftmodel.Value{nftmodel.A(v4)}}); err == nil {
 		t.Error("check passed a verdict map element without verdict")
 	}
 }
@@ -529,6 +529,13 @@ func TestElementEncoderCheck(t *testing.T) {
 // compare the wire encoding with the library's.
 func libElement(enc *elementEncoder, e *nftmodel.Element) nftables.SetElement {
 	le := nftables.SetElement{Key: nftmodel.KeyBytes(enc.key, e.Key), Comment: e.Comment}
+	if enc.interval {
+		end := e.KeyEnd
+		if end == nil {
+			end = e.Key
+		}
+		le.KeyEnd = nftmodel.KeyBytes(enc.key, end)
+	}
 	switch {
 	case enc.verdicts:
 		le.VerdictData = verdictExpr(*e.Verdict)
@@ -564,11 +571,20 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 		{"set", nftmodel.IPv4, []nftmodel.DataType{nftmodel.TypeIPv4Addr}, nil, false, true, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v4)}}}},
 		{"IPv6 set with a comment", nftmodel.IPv6, []nftmodel.DataType{nftmodel.TypeIPv6Addr}, nil, false, true, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v6)}, Comment: "default/web:http"}}},
 		{"deletion", nftmodel.IPv4, concat, nil, false, false, []nftmodel.Element{{Key: []nftmodel.Value{nftmodel.A(v4), nftmodel.N(6), nftmodel.N(80)}}}},
+		{"interval set", nftmodel.IPv4, fwType, nil, false, true, []nftmodel.Element{
+			{Key: fwKey(v4, "192.168.0.0"), KeyEnd: fwKey(v4, "192.168.255.255"), Comment: "default/web:http"},
+			{Key: fwKey(v4, "10.96.0.1")},
+		}},
+		{"interval deletion", nftmodel.IPv4, fwType, nil, false, false, []nftmodel.Element{
+			{Key: fwKey(v4, "192.168.0.0"), KeyEnd: fwKey(v4, "192.168.255.255")},
+		}},
 	}
+	// The interval cases' set holds ranges.
+	interval := map[string]bool{"interval set": true, "interval deletion": true}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			table := &nftables.Table{Name: "nftproxy", Family: libFamily(tt.family)}
-			s := &nftmodel.Set{Name: "s", Key: tt.key}
+			s := &nftmodel.Set{Name: "s", Key: tt.key, Interval: interval[tt.name]}
 			if tt.add {
 				s.Data = tt.data
 			}
@@ -577,7 +593,7 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 				t.Fatal(err)
 			}
 			ls.ID = 7
-			enc := newElementEncoder(tt.key, s.Data, tt.verdicts)
+			enc := newElementEncoder(tt.key, s.Data, tt.verdicts, s.Interval)
 			lels := make([]nftables.SetElement, len(tt.els))
 			for i := range tt.els {
 				if err := enc.check(&tt.els[i]); err != nil {

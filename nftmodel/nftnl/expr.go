@@ -257,7 +257,7 @@ func (enc *ruleEncoder) add(e nftmodel.Expr) error {
 	case nftmodel.MatchIifname:
 		return enc.emitErr(matchIifname(e))
 	case nftmodel.MatchSet:
-		enc.emit(withKey(f, e.Key, &expr.Lookup{SourceRegister: 1, SetName: e.Set}))
+		enc.emit(withKey(f, e.Key, &expr.Lookup{SourceRegister: 1, SetName: e.Set, Invert: e.Negate}))
 	case nftmodel.VerdictMap:
 		enc.emit(withKey(f, e.Key, &expr.Lookup{SourceRegister: 1, SetName: e.Map, IsDestRegSet: true, DestRegister: 0}))
 	case nftmodel.NumgenGoto:

@@ -22,6 +22,7 @@ var (
 	connKey     = []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldCtOriginalDaddr, nftmodel.FieldL4Proto, nftmodel.FieldCtOriginalProtoDst}
 	connTarget  = []nftmodel.Field{nftmodel.FieldCtReplySaddr, nftmodel.FieldCtReplyProtoSrc}
 	targetField = []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldTHDport}
+	fwField     = []nftmodel.Field{nftmodel.FieldDaddr, nftmodel.FieldL4Proto, nftmodel.FieldTHDport, nftmodel.FieldSaddr}
 )
 
 // clientAffinity is a shared affinity map of the family's addresses.
@@ -39,6 +40,14 @@ func affinityChain() *nftmodel.Chain {
 		nlRule(nftmodel.MatchL4Proto{Proto: 17}, nftmodel.VerdictMap{Key: []nftmodel.Field{nftmodel.FieldCtOriginalDaddr, nftmodel.FieldL4Proto, nftmodel.FieldCtOriginalProtoDst}, Map: "service-ips"}),
 		nlRule(nftmodel.DNATMap{Key: clientKey, Map: "client-affinity"}),
 	}}
+}
+
+// fwType is the key of the shared firewall's allowed ranges: a load
+// balancer address, protocol and port, and the client's address.
+var fwType = []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetProto, nftmodel.TypeInetService, nftmodel.TypeIPv4Addr}
+
+func fwKey(lb netip.Addr, client string) []nftmodel.Value {
+	return []nftmodel.Value{nftmodel.A(lb), nftmodel.N(6), nftmodel.N(80), nftmodel.A(ip(client))}
 }
 
 func slotKey(a string, p, port, slot uint32) []nftmodel.Value {
@@ -114,13 +123,23 @@ func fullRuleset() *nftmodel.Ruleset {
 				{Key: []nftmodel.Value{nftmodel.A(ip("10.244.1.2")), nftmodel.A(ip("10.244.1.2"))}},
 			}},
 			clientAffinity(nftmodel.TypeIPv4Addr),
+			{Name: "firewall-ips", Key: vipType, Elements: []nftmodel.Element{{Key: nlKey("10.96.0.1", 6, 80)}}},
+			// Out of nft's order: the applier sends an interval set's
+			// elements sorted, as nft lists them in the order they came.
+			{Name: "firewall-allow", Key: fwType, Interval: true, Elements: []nftmodel.Element{
+				{Key: fwKey(ip("10.96.0.1"), "192.168.0.0"), KeyEnd: fwKey(ip("10.96.0.1"), "192.168.255.255"), Comment: "default/web:http"},
+				{Key: fwKey(ip("10.96.0.1"), "10.96.0.1")},
+				{Key: fwKey(ip("10.96.0.1"), "0.0.0.0"), KeyEnd: fwKey(ip("10.96.0.1"), "0.255.255.255")},
+				{Key: fwKey(ip("10.96.0.1"), "1.2.3.4"), KeyEnd: fwKey(ip("10.96.0.1"), "1.2.3.9")},
+			}},
 		},
 		Chains: []*nftmodel.Chain{
 			nlBase("nat-prerouting", nftmodel.TypeNAT, nftmodel.HookPrerouting, -100, nlRule(nlJump("services"))),
 			nlBase("nat-output", nftmodel.TypeNAT, nftmodel.HookOutput, -100, nlRule(nlJump("services"))),
 			nlBase("nat-postrouting", nftmodel.TypeNAT, nftmodel.HookPostrouting, 100, nlRule(nlJump("masquerading"))),
 			nlBase("filter-prerouting-pre-dnat", nftmodel.TypeFilter, nftmodel.HookPrerouting, -110,
-				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("10.240.0.0/12")}, nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("10.96.0.10/32")}, nftmodel.Verdict{Kind: nftmodel.Drop})),
+				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("10.240.0.0/12")}, nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("10.96.0.10/32")}, nftmodel.Verdict{Kind: nftmodel.Drop}),
+				nlRule(nftmodel.MatchSet{Key: svcKey, Set: "firewall-ips"}, nftmodel.MatchSet{Key: fwField, Set: "firewall-allow", Negate: true}, nftmodel.Verdict{Kind: nftmodel.Drop})),
 			nlBase("filter-output-pre-dnat", nftmodel.TypeFilter, nftmodel.HookOutput, -110,
 				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("0.0.0.0/0")}, nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("10.0.0.0/8"), Negate: true}, nftmodel.Verdict{Kind: nftmodel.Accept})),
 			nlBase("filter-input", nftmodel.TypeFilter, nftmodel.HookInput, 0,
@@ -217,6 +236,11 @@ func full6Ruleset() *nftmodel.Ruleset {
 				}},
 			{Name: "pairs", Key: []nftmodel.DataType{nftmodel.TypeIPv6Addr, nftmodel.TypeIPv6Addr}, Typeof: &nftmodel.Typeof{Key: []nftmodel.Field{nftmodel.FieldSaddr, nftmodel.FieldDaddr}}},
 			clientAffinity(nftmodel.TypeIPv6Addr),
+			{Name: "firewall-allow", Key: []nftmodel.DataType{nftmodel.TypeIPv6Addr, nftmodel.TypeInetProto, nftmodel.TypeInetService, nftmodel.TypeIPv6Addr}, Interval: true, Elements: []nftmodel.Element{
+				{Key: []nftmodel.Value{nftmodel.A(ip("fd00:96::10")), nftmodel.N(6), nftmodel.N(80), nftmodel.A(ip("fd00:1::"))},
+					KeyEnd: []nftmodel.Value{nftmodel.A(ip("fd00:96::10")), nftmodel.N(6), nftmodel.N(80), nftmodel.A(ip("fd00:1::ffff:ffff:ffff:ffff"))}, Comment: "default/web:http"},
+				{Key: []nftmodel.Value{nftmodel.A(ip("fd00:96::10")), nftmodel.N(6), nftmodel.N(80), nftmodel.A(ip("fd00:96::10"))}},
+			}},
 		},
 		Chains: []*nftmodel.Chain{
 			nlBase("nat-prerouting", nftmodel.TypeNAT, nftmodel.HookPrerouting, -100, nlRule(nftmodel.VerdictMap{Key: svcKey, Map: "service-ips"})),
@@ -232,7 +256,8 @@ func full6Ruleset() *nftmodel.Ruleset {
 				nlRule(nftmodel.MatchIifname{Name: "veth*"}, nftmodel.MatchL4Proto{Proto: 17}, nftmodel.MatchCtStateEstablished{Negate: true}, nftmodel.Verdict{Kind: nftmodel.Accept}),
 				nlRule(nftmodel.Reject{TCPReset: true}),
 				nlRule(nftmodel.Reject{})),
-			nlBase("filter-input", nftmodel.TypeFilter, nftmodel.HookInput, -110),
+			nlBase("filter-input", nftmodel.TypeFilter, nftmodel.HookInput, -110,
+				nlRule(nftmodel.MatchSet{Key: fwField, Set: "firewall-allow", Negate: true}, nftmodel.Verdict{Kind: nftmodel.Drop})),
 			{Name: "svc-web", Rules: []nftmodel.Rule{
 				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("fd00:244::/64"), Negate: true}, nftmodel.MarkOr{Bits: 0x4000}),
 				nlRule(nftmodel.MatchPrefix{Field: nftmodel.FieldSaddr, Prefix: pfx("fd00:240::/60")}, nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("fd00:96::10/128")}, nlJump("ep-web-1")),

@@ -626,3 +626,56 @@ func TestReadRefusesWhatTheModelLacks(t *testing.T) {
 		t.Errorf("Read of a missing table: %v, want ErrNoTable", err)
 	}
 }
+
+// TestApplyIntervalChanges changes an interval set's elements in place: a
+// range removed, one whose start stays but whose end moves, one added. A
+// deletion must name the element's end too, or the kernel finds nothing.
+// nft lists such a set in the order its elements came, so the check is
+// Read's, which sorts as Render does.
+func TestApplyIntervalChanges(t *testing.T) {
+	from := fullRuleset()
+	to := fullRuleset()
+	var allow *nftmodel.Set
+	for _, s := range to.Sets {
+		if s.Name == "firewall-allow" {
+			allow = s
+		}
+	}
+	lb := ip("10.96.0.1")
+	allow.Elements = []nftmodel.Element{
+		{Key: fwKey(lb, "192.168.0.0"), KeyEnd: fwKey(lb, "192.168.127.255"), Comment: "default/web:http"},
+		{Key: fwKey(lb, "10.96.0.1")},
+		{Key: fwKey(lb, "0.0.0.0"), KeyEnd: fwKey(lb, "0.255.255.255")},
+		{Key: fwKey(ip("10.96.0.2"), "172.16.0.0"), KeyEnd: fwKey(ip("10.96.0.2"), "172.31.255.255")},
+	}
+	changes, ok := nftmodel.Diff(from, to)
+	if !ok {
+		t.Fatal("Diff: not incremental")
+	}
+	if len(changes.DelElements) != 1 || len(changes.DelElements[0].Elements) != 2 || len(changes.AddElements) != 1 || len(changes.AddElements[0].Elements) != 2 {
+		t.Fatalf("changes: %+v, want 2 elements deleted and 2 added", changes)
+	}
+	ns, conn := nftNS(t)
+	if _, err := Apply(conn, from); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ApplyChanges(conn, to.Family, to.Table, &changes); err != nil {
+		t.Fatal(err)
+	}
+	read, err := Read(conn, to.Family, to.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := gocmp.Diff(nftmodel.Render(to), nftmodel.Render(read)); d != "" {
+		t.Errorf("read back after ApplyChanges (-want +got):\n%s", d)
+	}
+	listed := listTable(t, ns, to)
+	for _, e := range []string{"10.96.0.1 . tcp . 80 . 192.168.0.0/17", "10.96.0.2 . tcp . 80 . 172.16.0.0/12"} {
+		if !strings.Contains(listed, e) {
+			t.Errorf("nft lists no %s:\n%s", e, listed)
+		}
+	}
+	if strings.Contains(listed, "1.2.3.4-1.2.3.9") {
+		t.Errorf("nft still lists the deleted range:\n%s", listed)
+	}
+}

@@ -120,11 +120,14 @@ func readSet(conn *Conn, f nftmodel.Family, ls *nftables.Set, ud []byte) (*nftmo
 			s.Size = ls.Size
 		}
 	}
+	if ls.Interval && (!ls.Concatenation || ls.IsMap || ls.HasTimeout) {
+		return nil, errors.New("declared with flags, a size or a comment nftproxy doesn't write")
+	}
 	want, err := libSet(ls.Table, s)
 	if err != nil {
 		return nil, err
 	}
-	if !sameSet(ls, want) || ls.Concatenation || ls.Counter || ls.Comment != "" || ls.AutoMerge || ls.DataInterval {
+	if !sameSet(ls, want) || ls.Counter || ls.Comment != "" || ls.AutoMerge || ls.DataInterval {
 		return nil, errors.New("declared with flags, a size or a comment nftproxy doesn't write")
 	}
 	if s.Timeout > 0 && !s.IsVerdictMap() {
@@ -151,8 +154,19 @@ func readElement(s *nftmodel.Set, le *nftables.SetElement) (nftmodel.Element, er
 	if e.Key, err = readValues(s.Key, le.Key); err != nil {
 		return e, fmt.Errorf("read element key: %w", err)
 	}
-	if le.Timeout != 0 || le.Expires != 0 || le.Counter != nil || len(le.KeyEnd) > 0 || le.IntervalEnd {
+	if le.Timeout != 0 || le.Expires != 0 || le.Counter != nil || le.IntervalEnd || len(le.KeyEnd) > 0 && !s.Interval {
 		return e, fmt.Errorf("element %s: has a timeout, counter or interval nftproxy doesn't write", nftmodel.RenderValues(s.Key, e.Key))
+	}
+	if s.Interval {
+		// nft and Apply send a single key as a range of one.
+		if len(le.KeyEnd) == 0 {
+			return e, fmt.Errorf("element %s: no end in an interval set", nftmodel.RenderValues(s.Key, e.Key))
+		}
+		if !bytes.Equal(le.KeyEnd, le.Key) {
+			if e.KeyEnd, err = readValues(s.Key, le.KeyEnd); err != nil {
+				return e, fmt.Errorf("read element end: %w", err)
+			}
+		}
 	}
 	e.Comment = le.Comment
 	switch {
@@ -505,7 +519,7 @@ func (d *ruleDecoder) keyed(key []nftmodel.Field, n int) (nftmodel.Expr, int, bo
 	case *expr.Lookup:
 		switch {
 		case !e.IsDestRegSet:
-			return nftmodel.MatchSet{Key: key, Set: e.SetName}, n + 1, true
+			return nftmodel.MatchSet{Key: key, Set: e.SetName, Negate: e.Invert}, n + 1, true
 		case e.DestRegister == 0:
 			return nftmodel.VerdictMap{Key: key, Map: e.SetName}, n + 1, true
 		}

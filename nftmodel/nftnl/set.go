@@ -79,6 +79,15 @@ func libSet(t *nftables.Table, s *nftmodel.Set) (*nftables.Set, error) {
 	if len(s.Key) == 1 {
 		ls.KeyByteOrder = binaryutil.BigEndian
 	}
+	if s.Interval && (len(s.Key) < 2 || len(s.Data) > 0 || s.Timeout > 0) {
+		return nil, fmt.Errorf("declare set %s: only a plain set with a concatenated key holds ranges", s.Name)
+	}
+	if s.Interval {
+		// As nft declares an interval set of concatenations: the concat
+		// flag and the parts' lengths make the kernel pick pipapo.
+		ls.Interval = true
+		ls.Concatenation = len(s.Key) > 1
+	}
 	if len(s.Data) > 0 {
 		if s.IsVerdictMap() {
 			ls.DataType = nftables.TypeVerdict
@@ -101,11 +110,12 @@ func libSet(t *nftables.Table, s *nftmodel.Set) (*nftables.Set, error) {
 type elementEncoder struct {
 	key, data        []nftmodel.DataType // data nil for deletions and plain sets
 	verdicts         bool
-	keyLen, valueLen int // encoded sizes, fixed by the types
+	interval         bool // each element carries its last key (NFTA_SET_ELEM_KEY_END)
+	keyLen, valueLen int  // encoded sizes, fixed by the types
 }
 
-func newElementEncoder(key, data []nftmodel.DataType, verdicts bool) *elementEncoder {
-	enc := &elementEncoder{key: key, data: data, verdicts: verdicts, keyLen: nftmodel.KeyLen(key)}
+func newElementEncoder(key, data []nftmodel.DataType, verdicts, interval bool) *elementEncoder {
+	enc := &elementEncoder{key: key, data: data, verdicts: verdicts, interval: interval, keyLen: nftmodel.KeyLen(key)}
 	if !verdicts {
 		enc.valueLen = nftmodel.KeyLen(data)
 	}
@@ -116,6 +126,14 @@ func newElementEncoder(key, data []nftmodel.DataType, verdicts bool) *elementEnc
 func (enc *elementEncoder) check(e *nftmodel.Element) error {
 	if err := checkValues(enc.key, e.Key); err != nil {
 		return fmt.Errorf("encode element key: %w", err)
+	}
+	if e.KeyEnd != nil {
+		if !enc.interval {
+			return fmt.Errorf("encode element %s: a range in a set without intervals", nftmodel.RenderValues(enc.key, e.Key))
+		}
+		if err := checkValues(enc.key, e.KeyEnd); err != nil {
+			return fmt.Errorf("encode element end: %w", err)
+		}
 	}
 	if len(e.Comment) > maxCommentLen {
 		return fmt.Errorf("encode element %s: comment longer than %d bytes", nftmodel.RenderValues(enc.key, e.Key), maxCommentLen)
@@ -147,6 +165,14 @@ func checkValues(ts []nftmodel.DataType, vs []nftmodel.Value) error {
 
 // size is the encoded size of a checked element, from the set's types.
 func (enc *elementEncoder) size(e *nftmodel.Element) int {
+	end := 0
+	if enc.interval {
+		end = attrSize(attrSize(enc.keyLen)) // NFTA_SET_ELEM_KEY_END { NFTA_DATA_VALUE }
+	}
+	return end + enc.sizeWithoutEnd(e)
+}
+
+func (enc *elementEncoder) sizeWithoutEnd(e *nftmodel.Element) int {
 	switch {
 	case enc.verdicts:
 		chain := ""

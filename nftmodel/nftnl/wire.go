@@ -173,6 +173,16 @@ func (w *wire) element(index uint16, enc *elementEncoder, e *nftmodel.Element) {
 	key := w.beginAttr(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
 	w.values(unix.NFTA_DATA_VALUE, enc.key, e.Key)
 	w.endAttr(key)
+	if enc.interval {
+		// A single key is the range from itself to itself, as nft sends it.
+		last := e.KeyEnd
+		if last == nil {
+			last = e.Key
+		}
+		end := w.beginAttr(nftables.NFTA_SET_ELEM_KEY_END | unix.NLA_F_NESTED)
+		w.values(unix.NFTA_DATA_VALUE, enc.key, last)
+		w.endAttr(end)
+	}
 	switch {
 	case enc.verdicts:
 		data := w.beginAttr(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
