@@ -45,6 +45,9 @@ func fuzzConfigs(flags uint8) []Config {
 func FuzzCompileKernel(f *testing.F) {
 	// The seeds are in testdata/fuzz/FuzzCompileKernel.
 	ns := netns.New(f, "pfz")
+	// The fuzzing engine kills its workers when -fuzztime ends, before their
+	// clean-ups run: remove what killed workers left.
+	_, _ = netns.CleanupStale("pfz-")
 	script := filepath.Join(f.TempDir(), "ruleset.nft")
 	f.Fuzz(func(t *testing.T, data []byte, flags uint8) {
 		snap, ok := k8sfuzz.Snapshot(data)
