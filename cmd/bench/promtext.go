@@ -100,18 +100,36 @@ type bucket struct {
 	count float64
 }
 
-// parseBuckets reads the buckets of an unlabelled histogram, in the page's
-// order (Prometheus writes them by increasing le, +Inf last).
+// parseBuckets reads the buckets of a histogram, in the page's order
+// (Prometheus writes them by increasing le, +Inf last): the unlabelled
+// series, or the IPv4 one where the histogram is split by ip_family as
+// kube-proxy's are (each family's series records the whole sync).
 func parseBuckets(page, name string) ([]bucket, error) {
 	var out []bucket
 	for line := range strings.Lines(page) {
-		rest, found := strings.CutPrefix(strings.TrimSpace(line), name+`_bucket{le="`)
+		rest, found := strings.CutPrefix(strings.TrimSpace(line), name+`_bucket{`)
 		if !found {
 			continue
 		}
-		le, value, ok := strings.Cut(rest, `"} `)
+		labels, value, ok := strings.Cut(rest, "} ")
 		if !ok {
 			return nil, fmt.Errorf("parse %s_bucket: %q", name, line)
+		}
+		var le string
+		other := false
+		for _, l := range strings.Split(labels, ",") {
+			k, v, _ := strings.Cut(l, "=")
+			v = strings.Trim(v, `"`)
+			switch {
+			case k == "le":
+				le = v
+			case k == "ip_family" && v == "IPv4":
+			default:
+				other = true
+			}
+		}
+		if other {
+			continue
 		}
 		b := bucket{}
 		var err error

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestSoakModelKeepsServicesReady replays a churn and checks what the soak
@@ -155,6 +157,15 @@ h_count 100
 		if got := bucketQuantile(tc.before, after, tc.q); got != tc.want {
 			t.Errorf("%s: %g, want %g", tc.name, got, tc.want)
 		}
+	}
+	// kube-proxy's histograms are split by ip_family: the IPv4 series is read.
+	byFamily := `h_bucket{ip_family="IPv4",le="0.001"} 10
+h_bucket{ip_family="IPv6",le="0.001"} 7
+h_bucket{ip_family="IPv4",le="+Inf"} 100
+h_bucket{ip_family="IPv6",le="+Inf"} 70
+`
+	if got, err := parseBuckets(byFamily, "h"); err != nil || !cmp.Equal(got, []bucket{{0.001, 10}, {math.Inf(1), 100}}, cmp.AllowUnexported(bucket{})) {
+		t.Errorf("IPv4 buckets: %v, %v", got, err)
 	}
 	if g, ok := parseGauge("go_goroutines 17\ngo_threads 9\n", "go_goroutines"); !ok || g != 17 {
 		t.Errorf("parseGauge = %g, %v; want 17, true", g, ok)
