@@ -553,7 +553,8 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for set, n := range counts {
 		elements[set] = make([]m.Element, 0, n)
 	}
-	hairpin, clusterIPs := make(map[netip.Addr]bool, nHairpin), make(map[netip.Addr]bool, nClusterIPs)
+	hairpin := make([]netip.Addr, 0, nHairpin)
+	clusterIPs := make([]netip.Addr, 0, nClusterIPs)
 	used := map[sharedObj]bool{}
 	for _, p := range pieces {
 		for _, ke := range p.elements {
@@ -562,31 +563,20 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, r := range p.runs {
 			elements[r.set] = r.appendElements(elements[r.set])
 		}
-		for _, a := range p.hairpin {
-			hairpin[a] = true
-		}
-		for _, a := range p.clusterIPs {
-			clusterIPs[a] = true
-		}
+		hairpin = append(hairpin, p.hairpin...)
+		clusterIPs = append(clusterIPs, p.clusterIPs...)
 		for _, o := range p.uses {
 			used[o] = true
 		}
 	}
-	elements[c.hairpin] = make([]m.Element, 0, len(hairpin))
-	for a := range hairpin {
-		elements[c.hairpin] = append(elements[c.hairpin], hairpinElement(a))
-	}
-	elements[c.clusterIPs] = make([]m.Element, 0, len(clusterIPs))
-	for a := range clusterIPs {
-		elements[c.clusterIPs] = append(elements[c.clusterIPs], clusterIPElement(a))
-	}
+	elements[c.hairpin] = addrElements(hairpin, 2)
+	elements[c.clusterIPs] = addrElements(clusterIPs, 1)
 	objs := slices.SortedFunc(maps.Keys(used), compareShared)
 
 	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
 	withElements := func(decl *m.Set) *m.Set {
 		s := *decl
 		s.Elements = elements[decl]
-		m.SortElements(&s) // a fresh slice, ours to reorder
 		return &s
 	}
 	for _, s := range c.fixedSets() {
@@ -601,6 +591,25 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 
 func hairpinElement(a netip.Addr) m.Element   { return m.Element{Key: []m.Value{m.A(a), m.A(a)}} }
 func clusterIPElement(a netip.Addr) m.Element { return m.Element{Key: []m.Value{m.A(a)}} }
+
+// addrElements makes the elements of a set of addresses, each address once
+// in parts parts (hairpin's pairs, the cluster IPs), in address order: a
+// sort, not a map, is the cheap way to drop duplicates at a full sync's
+// size. It reorders addrs.
+func addrElements(addrs []netip.Addr, parts int) []m.Element {
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	keys := make([]m.Value, len(addrs)*parts)
+	els := make([]m.Element, len(addrs))
+	for i, a := range addrs {
+		k := keys[i*parts : (i+1)*parts : (i+1)*parts]
+		for j := range k {
+			k[j] = m.A(a)
+		}
+		els[i] = m.Element{Key: k}
+	}
+	return els
+}
 
 func jump(chain string) m.Rule {
 	return m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Jump, Chain: chain}}}
