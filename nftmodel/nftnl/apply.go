@@ -30,7 +30,7 @@ const maxCommentLen = 128
 //     priority and policy stay (empty); the others are deleted — nothing
 //     references them any more, rules and vmap elements went in 2 and 3;
 //  5. add the sets and chains that are missing, in model order;
-//  6. add every set's elements, then every chain's rules, in model order.
+//  6. add every chain's rules, then every set's elements, in model order.
 //
 // A table someone set flags on (dormant) is deleted and created again in
 // the same batch instead, losing the affinity state.
@@ -76,15 +76,8 @@ func applyOnce(conn *Conn, rs *nftmodel.Ruleset, guarded bool, others []string) 
 			return nftmodel.Stats{}, b.fail("apply", err)
 		}
 	}
-	for _, s := range rs.Sets {
-		if err := b.addElements(s.Name, s.Elements); err != nil {
-			return nftmodel.Stats{}, b.fail("apply", err)
-		}
-	}
-	for _, c := range rs.Chains {
-		if err := b.addRules(c); err != nil {
-			return nftmodel.Stats{}, b.fail("apply", err)
-		}
+	if err := b.fill(rs); err != nil {
+		return nftmodel.Stats{}, b.fail("apply", err)
 	}
 	fill := b.steps
 	b.steps = nil
@@ -106,6 +99,26 @@ func applyOnce(conn *Conn, rs *nftmodel.Ruleset, guarded bool, others []string) 
 		gen = k.gen
 	}
 	return b.send("apply", gen)
+}
+
+// fill plans what goes into the table once its sets and chains exist: every
+// chain's rules, then every set's elements, in model order. Rules go first
+// because the kernel checks every element of a map each time a rule in
+// another chain starts to use it: a map bound while empty costs nothing
+// there, where a full one is walked once per dispatch chain (measured: 0.3 s
+// of the kernel's 0.7 s for 65,000 endpoints behind 184 dispatch chains).
+func (b *batch) fill(rs *nftmodel.Ruleset) error {
+	for _, c := range rs.Chains {
+		if err := b.addRules(c); err != nil {
+			return err
+		}
+	}
+	for _, s := range rs.Sets {
+		if err := b.addElements(s.Name, s.Elements); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // tableState is what the kernel holds of a table: its flags, its chains and

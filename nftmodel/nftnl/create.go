@@ -27,15 +27,8 @@ func Create(conn *Conn, rs *nftmodel.Ruleset, owned bool) error {
 	for _, c := range rs.Chains {
 		b.addChain(c)
 	}
-	for _, s := range rs.Sets {
-		if err := b.addElements(s.Name, s.Elements); err != nil {
-			return b.fail("create", err)
-		}
-	}
-	for _, c := range rs.Chains {
-		if err := b.addRules(c); err != nil {
-			return b.fail("create", err)
-		}
+	if err := b.fill(rs); err != nil {
+		return b.fail("create", err)
 	}
 	_, err := b.send("create", 0)
 	return err
