@@ -31,7 +31,7 @@ func diffSets(c *Changes, applied, desired *Ruleset) bool {
 			continue
 		}
 		delete(old, s.Name)
-		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout || o.Interval != s.Interval || !o.Typeof.Equal(s.Typeof) {
+		if !slices.Equal(o.Key, s.Key) || !slices.Equal(o.Data, s.Data) || o.Timeout != s.Timeout || o.Size != s.Size || o.Interval != s.Interval || !o.Typeof.Equal(s.Typeof) {
 			return false
 		}
 		del, add := diffElements(o, s)

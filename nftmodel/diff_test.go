@@ -159,6 +159,7 @@ func TestDiffIntervalElements(t *testing.T) {
 func TestDiffNotIncremental(t *testing.T) {
 	tests := map[string]*Ruleset{
 		"set type changed":   testRuleset(func(rs *Ruleset) { rs.Sets[1].Data = []DataType{TypeIPv4Addr} }),
+		"set size changed":   testRuleset(func(rs *Ruleset) { rs.Sets[1].Size = 8192 }),
 		"base chain changed": testRuleset(func(rs *Ruleset) { rs.Chains[0].Base = &BaseChain{Type: TypeNAT, Hook: HookOutput} }),
 		"other table":        testRuleset(func(rs *Ruleset) { rs.Table = "other" }),
 	}

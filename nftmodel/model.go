@@ -285,7 +285,10 @@ type Set struct {
 	Typeof  *Typeof       // nil: declared by Key and Data (`type …`)
 	Timeout time.Duration // default element timeout; 0 for none
 	// Size bounds the elements of a set with a timeout, which the packet
-	// path fills; 0 is nft's default, 65535.
+	// path fills; 0 is nft's default, 65535. In any other set, 0 leaves the
+	// elements unbounded (the kernel's resizable hash table); a bound gives
+	// the set a hash table of fixed size, which the kernel fills with
+	// fewer steps: adding more elements than Size fails.
 	Size uint32
 	// Interval makes the set hold ranges (nft's `flags interval`): each
 	// element matches every key from Key to KeyEnd, part by part. Only

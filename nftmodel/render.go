@@ -54,6 +54,9 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 		}
 	}
 	b.WriteString("\n")
+	if s.Timeout == 0 && s.Size > 0 {
+		fmt.Fprintf(b, "\t\tsize %d\n", s.Size)
+	}
 	if s.Interval {
 		b.WriteString("\t\tflags interval\n")
 	}

@@ -24,6 +24,11 @@ type incremental struct {
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
 	elementCount        int // set elements of the ruleset
+	// counts are the elements of each set but hairpin and clusterIPs
+	// (whose maps count them), by declaration; sizes are the sizes the
+	// sets were declared with in the kernel, those that have one.
+	counts map[*m.Set]int
+	sizes  map[*m.Set]uint32
 	// slots is the slot assignment applied: the compiler reads it, and an
 	// update moves it along.
 	slots Slots
@@ -69,25 +74,60 @@ func (s *incremental) keep(sp *k8s.ServicePort, p *piece) {
 // state's, so that it moves no endpoint).
 func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *m.Ruleset) {
 	s := &incremental{
-		c:          newCompiler(cfg, snap),
-		shared:     map[sharedObj]int{},
-		hairpin:    map[netip.Addr]int{},
-		clusterIPs: map[netip.Addr]int{},
-		slots:      Slots{},
-		wide:       map[k8s.ServicePortName]compiledPiece{},
+		c:      newCompiler(cfg, snap),
+		shared: map[sharedObj]int{},
+		counts: map[*m.Set]int{},
+		sizes:  map[*m.Set]uint32{},
+		slots:  Slots{},
+		wide:   map[k8s.ServicePortName]compiledPiece{},
 	}
 	s.c.slots = prev
 	pieces := make([]*piece, len(snap.Services))
+	nHairpin, nClusterIPs := 0, 0
 	for i := range snap.Services {
 		p := s.c.piece(&snap.Services[i])
 		pieces[i] = p
+		nHairpin += len(p.hairpin)
+		nClusterIPs += len(p.clusterIPs)
+	}
+	// Sized once: grown one address at a time, the two maps were a full
+	// sync's largest garbage.
+	s.hairpin = make(map[netip.Addr]int, nHairpin)
+	s.clusterIPs = make(map[netip.Addr]int, nClusterIPs)
+	for i, p := range pieces {
 		s.count(p, 1)
 		s.noteSlots(nil, p)
 		s.keep(&snap.Services[i], p)
 	}
 	s.c.slots = s.slots
 	s.prune = liveAffinity(pieces)
-	return s, s.c.assemble(pieces)
+	rs := s.c.assemble(pieces)
+	// assemble lists the fixed sets first, in fixedSets' order.
+	for i, decl := range s.c.fixedSets() {
+		if size := rs.Sets[i].Size; size > 0 && decl.Timeout == 0 {
+			s.sizes[decl] = size
+		}
+	}
+	return s, rs
+}
+
+// fits tells whether every set declared with a size holds no more elements
+// than it: a set that outgrew its size must be declared again, which only
+// a full sync does.
+func (s *incremental) fits() bool {
+	for decl, size := range s.sizes {
+		n := s.counts[decl]
+		switch decl {
+		case s.c.hairpin:
+			n = len(s.hairpin)
+		case s.c.clusterIPs:
+			n = len(s.clusterIPs)
+		}
+		if n > int(size) {
+			return false
+		}
+	}
+	return true
 }
 
 // noteSlots replaces the slot orders of old (nil: none) with new's; a
@@ -140,8 +180,12 @@ func (s *incremental) count(p *piece, delta int) {
 	addrs(s.hairpin, p.hairpin)
 	addrs(s.clusterIPs, p.clusterIPs)
 	s.elementCount += delta * len(p.elements)
+	for _, ke := range p.elements {
+		s.counts[ke.set] += delta
+	}
 	for _, r := range p.runs {
 		s.elementCount += delta * len(r.eps)
+		s.counts[r.set] += delta * len(r.eps)
 	}
 }
 
@@ -189,6 +233,9 @@ func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports [
 			after = &piece{}
 		}
 		s.noteSlots(before, after)
+	}
+	if !s.fits() {
+		return m.Changes{}, false
 	}
 	return d.changes(), true
 }

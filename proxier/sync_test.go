@@ -288,3 +288,41 @@ func TestSyncChangesComparesOnlyWhatChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncFullWhenASetOutgrowsItsSize: a set declared with a size takes
+// delta syncs while its elements fit, and one that would overflow it makes
+// the sync full, which declares it again, larger.
+func TestSyncFullWhenASetOutgrowsItsSize(t *testing.T) {
+	defer func(v int) { sizedFrom = v }(sizedFrom)
+	sizedFrom = 4
+	k := &recordingKernel{}
+	p := New(Options{Configs: []Config{testConfig}, Kernel: k})
+	sizes := func() (endpoints, hairpin uint32) {
+		st := p.applied[testConfig.Family]
+		return st.sizes[st.c.endpoints], st.sizes[st.c.hairpin]
+	}
+	for _, step := range []struct {
+		endpoints          int
+		want               string
+		endpointsSize, hps uint32
+	}{
+		{3, "full ip", 0, 0},  // below sizedFrom: no size
+		{4, "delta ip", 0, 0}, // an unsized set takes any number
+		{9, "delta ip", 0, 0},
+		{5, "full ip", 16, 16}, // (forced) sized from 2n
+		{8, "delta ip", 16, 16},
+		{16, "delta ip", 16, 16},
+		{17, "full ip", 64, 64}, // outgrew 16: declared again
+	} {
+		k.calls = nil
+		snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", step.endpoints)}}
+		full := step.endpoints == 5
+		if err := p.Sync(context.Background(), snap, full); err != nil {
+			t.Fatal(err)
+		}
+		ep, hp := sizes()
+		if !slices.Equal(k.calls, []string{step.want}) || ep != step.endpointsSize || hp != step.hps {
+			t.Errorf("%d endpoints: kernel calls %v, sizes %d, %d; want %s, %d, %d", step.endpoints, k.calls, ep, hp, step.want, step.endpointsSize, step.hps)
+		}
+	}
+}

@@ -292,3 +292,17 @@ func bigSetRuleset(n int) *nftmodel.Ruleset {
 	}
 	return rs
 }
+
+// sizedSetRuleset has the sets compile declares with a size when they are
+// large (the kernel then fills a hash table of fixed size), n elements each.
+func sizedSetRuleset(n int) *nftmodel.Ruleset {
+	endpoints := &nftmodel.Set{Name: "endpoints", Key: slotType, Data: []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeInetService},
+		Typeof: &nftmodel.Typeof{Key: svcKey, KeyNumgen: 65536, Data: targetField}, Size: uint32(2 * n)}
+	hairpin := &nftmodel.Set{Name: "hairpin", Key: []nftmodel.DataType{nftmodel.TypeIPv4Addr, nftmodel.TypeIPv4Addr}, Size: uint32(4 * n)}
+	for i := range n {
+		ep := nftmodel.A(ip(fmt.Sprintf("10.%d.%d.%d", 160+i>>16, i>>8&255, i&255)))
+		endpoints.Elements = append(endpoints.Elements, nftmodel.Element{Key: slotKey("10.96.0.1", 6, 80, uint32(i)), Data: []nftmodel.Value{ep, nftmodel.N(8080)}})
+		hairpin.Elements = append(hairpin.Elements, nftmodel.Element{Key: []nftmodel.Value{ep, ep}})
+	}
+	return &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "nftproxy-sized", Sets: []*nftmodel.Set{endpoints, hairpin}}
+}

@@ -119,6 +119,8 @@ func readSet(conn *Conn, f nftmodel.Family, ls *nftables.Set, ud []byte) (*nftmo
 		if ls.Size != timeoutSetSize {
 			s.Size = ls.Size
 		}
+	} else {
+		s.Size = ls.Size
 	}
 	if ls.Interval && (!ls.Concatenation || ls.IsMap || ls.HasTimeout) {
 		return nil, errors.New("declared with flags, a size or a comment nftproxy doesn't write")

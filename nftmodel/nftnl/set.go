@@ -101,6 +101,8 @@ func libSet(t *nftables.Table, s *nftmodel.Set) (*nftables.Set, error) {
 		ls.Timeout = s.Timeout
 		ls.Dynamic = true
 		ls.Size = s.DeclaredSize()
+	} else {
+		ls.Size = s.Size
 	}
 	return ls, nil
 }
