@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +42,13 @@ type daemonFigures struct {
 	peak               float64 // MiB, the highest VmHWM read
 	heapAlloc          float64 // MiB, go_memstats_heap_alloc_bytes at the end
 	releaseMS          float64 // giving the first sync's garbage back, as logged
+	fullSyncMS         float64 // the first sync, as logged
+	endpointMS         float64 // median sync of one endpoint replaced in a manifest file, as logged
 }
+
+// daemonEndpointSteps is how many times the daemon phase replaces one
+// endpoint (back and forth) after steady state; the median counts.
+const daemonEndpointSteps = 7
 
 // daemonPhase runs the real daemon, `nftproxy run --manifests DIR`, on
 // generated manifests in a fresh namespace at each size and records how long
@@ -75,6 +82,8 @@ func daemonPhase(res *Results, o *options) error {
 		if f.releaseMS > 0 {
 			res.add(n, metricDaemonRelease, methodDaemon, f.releaseMS)
 		}
+		res.add(n, metricDaemonFullSync, methodDaemon, f.fullSyncMS)
+		res.add(n, metricDaemonEndpoint, methodDaemon, f.endpointMS)
 	}
 	return nil
 }
@@ -87,7 +96,18 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		return f, fmt.Errorf("make manifest directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	if err := writeManifests(filepath.Join(dir, "services.yaml"), snapshot(n, nil)); err != nil {
+	// The service whose endpoint the steps replace has a file of its own,
+	// so that a step rewrites (and the daemon reads again) one service.
+	all := snapshot(n, nil)
+	step := n / 2
+	rest := &k8s.Snapshot{Services: append(slices.Clone(all.Services[:step]), all.Services[step+1:]...)}
+	stepFile := filepath.Join(dir, "step.yaml")
+	stepVersions := [2]*k8s.Snapshot{{Services: all.Services[step : step+1]},
+		withEndpointChanged(&k8s.Snapshot{Services: all.Services[step : step+1]}, 0, replacementEndpoint(0))}
+	if err := writeManifests(filepath.Join(dir, "services.yaml"), rest); err != nil {
+		return f, err
+	}
+	if err := writeManifests(stepFile, stepVersions[0]); err != nil {
 		return f, err
 	}
 	err = freshNS(func(ns *netns.NS) error {
@@ -128,8 +148,15 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		// periodic resync it skipped, and one when it loaded the
 		// manifests: the peak then is decoding's, before the first sync
 		// (which starts at once, so up to one poll of it may count).
-		waitSyncs := func(want int) error {
-			for strings.Count(log.String(), `"msg":"Synced"`)+strings.Count(log.String(), `"msg":"Resync skipped`) < want {
+		waitLines := func(want int, msgs ...string) error {
+			count := func() int {
+				n := 0
+				for _, m := range msgs {
+					n += strings.Count(log.String(), `"msg":"`+m)
+				}
+				return n
+			}
+			for count() < want {
 				if p := peak(); f.loadPeak == 0 && strings.Contains(log.String(), `"msg":"Loaded manifests"`) {
 					f.loadPeak = p
 				}
@@ -143,6 +170,7 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 			}
 			return nil
 		}
+		waitSyncs := func(want int) error { return waitLines(want, `Synced"`, "Resync skipped") }
 		if err := waitSyncs(1); err != nil {
 			return err
 		}
@@ -163,6 +191,21 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 			return err
 		}
 		f.steadyRS, f.peak = float64(st["VmRSS"])/1024, max(f.peak, float64(st["VmHWM"])/1024)
+		f.fullSyncMS = syncTook(log.String(), 0)
+		// One endpoint replaced, back and forth: each rewrite is one delta
+		// sync, logged with what it took.
+		var took []float64
+		for i := range daemonEndpointSteps {
+			if err := writeManifests(stepFile, stepVersions[(i+1)%2]); err != nil {
+				return err
+			}
+			if err := waitLines(1+i+1, `Synced"`); err != nil {
+				return err
+			}
+			took = append(took, syncTook(log.String(), 1+i))
+		}
+		slices.Sort(took)
+		f.endpointMS = took[len(took)/2]
 		heap, err := daemonGauge(ctx, ns, "go_memstats_heap_alloc_bytes")
 		f.heapAlloc = heap / (1 << 20)
 		if err != nil || profiles == "" {
@@ -171,6 +214,26 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		return saveHeapProfile(ctx, ns, filepath.Join(profiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
 	})
 	return f, err
+}
+
+// syncTook returns the took of the daemon's k-th "Synced" log line (from 0),
+// in milliseconds; 0 when there is none.
+func syncTook(log string, k int) float64 {
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, `"msg":"Synced"`) {
+			continue
+		}
+		if k > 0 {
+			k--
+			continue
+		}
+		var l struct{ Took float64 }
+		if json.Unmarshal([]byte(line), &l) == nil {
+			return l.Took * 1000
+		}
+		return 0
+	}
+	return 0
 }
 
 // releaseTook finds the first "Released memory" line of the daemon's log

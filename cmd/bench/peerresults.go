@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -25,6 +26,7 @@ var proxyTitle = map[string]string{
 	proxyKubeIptNft: "kube-proxy iptables (nft backend)",
 	proxyKubeLegacy: "kube-proxy iptables-legacy",
 	proxyNftproxy:   "nftproxy",
+	proxyAPIWatch:   "API server to a bare watch (no proxy)",
 }
 
 var proxyColor = map[string]struct{ R, G, B uint8 }{
@@ -178,6 +180,9 @@ func mergeResults(old, cur *Results) *Results {
 		out = *old
 	}
 	out.Records = mergeRecords(old.Records, cur.Records)
+	// Every size some phase measured, so a run at other sizes keeps the
+	// older rows on the page.
+	out.Sizes = slices.Sorted(maps.Keys(setOf(append(slices.Clone(old.Sizes), cur.Sizes...))))
 	if len(cur.GoBench) == 0 {
 		out.GoBench = old.GoBench
 	}
@@ -188,6 +193,14 @@ func mergeResults(old, cur *Results) *Results {
 
 // mergeRecords is cur and every old record of a size, metric and method
 // cur did not measure, in old's order with cur's new ones after.
+func setOf(xs []int) map[int]bool {
+	m := make(map[int]bool, len(xs))
+	for _, x := range xs {
+		m[x] = true
+	}
+	return m
+}
+
 func mergeRecords(old, cur []Record) []Record {
 	type key struct {
 		n              int

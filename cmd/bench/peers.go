@@ -149,6 +149,13 @@ func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 		}
 		saved()
 	}
+	if slices.Contains(proxies, proxyNftproxy) {
+		logf("peers, %s: %s", spec.name, proxyTitle[proxyAPIWatch])
+		if err := e.apiFloor(ctx); err != nil {
+			return err
+		}
+		saved()
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -137,6 +138,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 	w("Every proxy gets a sync period of an hour (no periodic resync in the window) and keeps its default 1 s min-sync-period; kube-proxy leaves conntrack sysctls alone (`--conntrack-max-per-core=0`).\n\n")
 	w("- **full sync** and the **sync** columns are the proxy's own `%s` (kube-proxy's IPv4 series; it runs an IPv6 proxier beside it): the first sample for the full sync, and what the step added until the histogram stood still for %s for the others (a cell says so when that was more than one sync).\n", syncMetric, settle)
 	w("- **API write to kernel** runs from just before the client-go write (the EndpointSlice update with one address replaced; the Service create, its EndpointSlice written before the proxy started) to the moment the change is in the kernel: for the nf_tables proxies the namespace's nf_tables notification (`NFNLGRP_NFTABLES`) that names the new address, which the kernel sends as it commits the batch; for iptables-legacy, which has no notifications, the first `iptables-legacy-save -t nat` that shows the new rule (polled back to back, so the figure is late by up to one save).\n")
+	w("- **%s**: after the proxies, the bench makes the same two writes with a client-go watch of its own on the object (protobuf, straight to the API server, where the proxies go through the relay) and times them to the event's arrival: what the API server takes to store a write and hand it to a watcher, under every proxy's API write to kernel figure.\n", proxyTitle[proxyAPIWatch])
 	w("- **start to synced** is from exec to the first sample seen (scraped every %s); **RSS** is VmRSS once the full sync settled, **peak RSS** VmHWM after the last step.\n", scrapeEvery)
 	w("- A proxy that has not finished a step after %s is reported `%s` and killed; its later steps are not run. Everything (namespace, API server, etcd data) is removed afterwards.\n\n", strings.TrimPrefix(p.limitText(), "> "), p.limitText())
 
@@ -169,7 +171,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 		for _, c := range peerColumns {
 			t.head = append(t.head, c.title)
 		}
-		for _, proxy := range allProxies {
+		for _, proxy := range append(slices.Clone(allProxies), proxyAPIWatch) {
 			row := []string{proxyTitle[proxy]}
 			any := false
 			for _, c := range peerColumns {

@@ -267,10 +267,11 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 	r.writeDataplane(p, b)
 
 	p("## The daemon\n\n")
-	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on one manifest file holding the same services and their EndpointSlices, with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is the highest `VmHWM` read, every 20 ms until steady state (a later reading can come out lower than an earlier one); *peak, decoding* is that figure when the daemon logs that it loaded the manifests, before the first sync (which starts at once, so up to one poll of it may count); *peak / steady* is the peak over the RSS at steady state (issue 11 asks at most 1.5); *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonResyncs)
-	d := &table{head: []string{"services", "start-up to first sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
-	for _, n := range r.Sizes {
+	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on the same services and their EndpointSlices in two manifest files (the middle service alone in the second), with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); *first sync* is that sync alone, as the daemon logs it (`took`, the figure of `kubeproxy_sync_proxy_rules_duration_seconds`); *one endpoint replaced* is the median of %d delta syncs, each logged after the second file was rewritten with the middle service's last endpoint replaced (and back); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is the highest `VmHWM` read, every 20 ms until steady state (a later reading can come out lower than an earlier one); *peak, decoding* is that figure when the daemon logs that it loaded the manifests, before the first sync (which starts at once, so up to one poll of it may count); *peak / steady* is the peak over the RSS at steady state (issue 11 asks at most 1.5); *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonEndpointSteps, daemonResyncs)
+	d := &table{head: []string{"services", "start-up to first sync", "first sync", "one endpoint replaced: sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
+	for _, n := range r.measuredSizes(metricDaemonRSS, methodDaemon) {
 		d.rows = append(d.rows, []string{fmt.Sprint(n), r.cell(n, metricDaemonStart, methodDaemon, fmtMS),
+			r.cell(n, metricDaemonFullSync, methodDaemon, fmtMS), r.cell(n, metricDaemonEndpoint, methodDaemon, fmtMS),
 			r.cell(n, metricDaemonRSS, methodDaemonFirst, fmtMiB), r.cell(n, metricDaemonRSS, methodDaemon, fmtMiB),
 			r.cell(n, metricDaemonPeak, methodDaemonLoaded, fmtMiB), r.cell(n, metricDaemonPeak, methodDaemon, fmtMiB),
 			r.ratioCell(n, metricDaemonPeak, metricDaemonRSS, methodDaemon),
@@ -414,14 +415,14 @@ func (r *Results) writeAnalysis(p func(string, ...any)) {
 	}
 	n := 10000
 	if !slices.Contains(r.Sizes, n) {
-		n = r.Sizes[len(r.Sizes)-1]
+		n = r.largest(metricEndpointChange, methodNftproxy)
 	}
 	if math.IsNaN(get(n, metricEndpointChange, methodNftproxy)) {
 		r.writeFullSyncAnalysis(p, get)
 		r.writeDataplaneAnalysis(p)
 		return
 	}
-	big := r.Sizes[len(r.Sizes)-1]
+	big := r.largest(metricEndpointChange, methodCompile)
 	p("**Updates.** At %d services one endpoint change costs %s end to end: %s in user space and %s in the kernel; the path it replaced (whole compile and diff) takes %s. ",
 		n, fmtMS(get(n, metricEndpointChange, methodNftproxy)), fmtMS(get(n, metricEndpointChange, methodCompile)),
 		fmtMS(get(n, metricEndpointChange, methodApply)), fmtMS(get(n, metricEndpointChange, methodFullDiff)))
@@ -452,7 +453,7 @@ func (r *Results) writeAnalysis(p func(string, ...any)) {
 }
 
 func (r *Results) writeFullSyncAnalysis(p func(string, ...any), get func(int, string, string) float64) {
-	big := r.Sizes[len(r.Sizes)-1]
+	big := r.largest(metricFullSync, methodNftproxy)
 	nft, legacyMS, iptNftMS := get(big, metricFullSync, methodNftText), get(big, metricFullSync, methodLegacy), get(big, metricFullSync, methodIptNft)
 	own := get(big, metricFullSync, methodNftproxy)
 	p("**Full syncs.** At %d services nftproxy loads everything in %s (compile %s, netlink %s); the same ruleset through `nft -f` takes %s, kube-proxy's iptables ruleset %s with iptables-legacy-restore",
@@ -467,7 +468,7 @@ func (r *Results) writeFullSyncAnalysis(p func(string, ...any), get func(int, st
 func (r *Results) writeDataplaneAnalysis(p func(string, ...any)) {
 	n := 30000
 	if !slices.Contains(r.Sizes, n) {
-		n = r.Sizes[len(r.Sizes)-1]
+		n = r.largest(metricConnect, methodConnNftFirst)
 	}
 	nf, ok1 := r.connectQuantile(n, methodConnNftFirst, 0.5)
 	nl, ok2 := r.connectQuantile(n, methodConnNftLast, 0.5)

@@ -24,6 +24,8 @@ const (
 	metricDaemonPeak     = "daemon-peak"     // MiB, nftproxy run's peak RSS (VmHWM)
 	metricDaemonRelease  = "daemon-release"  // ms, debug.FreeOSMemory after the first sync
 	metricDaemonStart    = "daemon-start"    // ms, nftproxy run from exec to its first sync done
+	metricDaemonFullSync = "daemon-full"     // ms, nftproxy run's first sync, as it logs it
+	metricDaemonEndpoint = "daemon-endpoint" // ms, nftproxy run's sync of one endpoint replaced in a manifest, median
 )
 
 // Methods: who did the work.
@@ -97,6 +99,28 @@ func (r *Results) find(n int, metric, method string) *Record {
 		}
 	}
 	return nil
+}
+
+// largest is the largest size with a measured record of metric and
+// method; the largest size when none has one.
+func (r *Results) largest(metric, method string) int {
+	for i := len(r.Sizes) - 1; i >= 0; i-- {
+		if rec := r.find(r.Sizes[i], metric, method); rec != nil && rec.Skip == "" {
+			return r.Sizes[i]
+		}
+	}
+	return r.Sizes[len(r.Sizes)-1]
+}
+
+// measuredSizes are the sizes with a measured record of metric and method.
+func (r *Results) measuredSizes(metric, method string) []int {
+	var out []int
+	for _, n := range r.Sizes {
+		if rec := r.find(n, metric, method); rec != nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func (r *Results) save(path string) error {
