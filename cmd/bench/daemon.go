@@ -164,7 +164,7 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 				case <-done:
 					return fmt.Errorf("nftproxy exited: %s", firstLines(log.String(), 5))
 				case <-ctx.Done():
-					return fmt.Errorf("wait for nftproxy's sync %d: %w", want, ctx.Err())
+					return fmt.Errorf("wait for nftproxy's sync %d: %w; its log ends: %s", want, ctx.Err(), lastLines(log.String(), 3))
 				case <-time.After(20 * time.Millisecond):
 				}
 			}
@@ -194,15 +194,23 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		f.fullSyncMS = syncTook(log.String(), 0)
 		// One endpoint replaced, back and forth: each rewrite is one delta
 		// sync, logged with what it took.
+		// Counted from the syncs so far: a sync of nothing may follow the
+		// first one (a late signal of the source).
+		synced := strings.Count(log.String(), `"msg":"Synced"`)
 		var took []float64
 		for i := range daemonEndpointSteps {
-			if err := writeManifests(stepFile, stepVersions[(i+1)%2]); err != nil {
+			// Written aside and renamed into place, as kubelet updates a
+			// mounted ConfigMap: the daemon never reads half a file.
+			if err := writeManifests(stepFile+".new", stepVersions[(i+1)%2]); err != nil {
 				return err
 			}
-			if err := waitLines(1+i+1, `Synced"`); err != nil {
+			if err := os.Rename(stepFile+".new", stepFile); err != nil {
+				return fmt.Errorf("replace %s: %w", stepFile, err)
+			}
+			if err := waitLines(synced+i+1, `Synced"`); err != nil {
 				return err
 			}
-			took = append(took, syncTook(log.String(), 1+i))
+			took = append(took, syncTook(log.String(), synced+i))
 		}
 		slices.Sort(took)
 		f.endpointMS = took[len(took)/2]

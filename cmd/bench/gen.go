@@ -33,13 +33,15 @@ var compileConfig = proxier.Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{
 
 func serviceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
+// clusterIP returns the i-th ClusterIP: 64,000 in each /16 from 10.96.0.0.
 func clusterIP(i int) netip.Addr {
-	return netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})
+	return netip.AddrFrom4([4]byte{10, 96 + byte(i/64000), byte(i % 64000 / 250), byte(i%250 + 1)})
 }
 
-// nodePort returns the service's NodePort, 0 for none.
+// nodePort returns the service's NodePort, 0 for none: one service in
+// nodePortEvery has one, while the default range (to 32767) lasts.
 func nodePort(i int) uint16 {
-	if i%nodePortEvery != 0 {
+	if i%nodePortEvery != 0 || 30000+i/nodePortEvery > 32767 {
 		return 0
 	}
 	return uint16(30000 + i/nodePortEvery)

@@ -167,8 +167,8 @@ func parseSizes(s string, quick bool) ([]int, error) {
 	var out []int
 	for f := range strings.SplitSeq(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 2*nodePortEvery || n > 60000 {
-			return nil, fmt.Errorf("parse sizes: %q is not a service count in %d..60000", f, 2*nodePortEvery)
+		if err != nil || n < 2*nodePortEvery || n > 100000 {
+			return nil, fmt.Errorf("parse sizes: %q is not a service count in %d..100000", f, 2*nodePortEvery)
 		}
 		out = append(out, n)
 	}
