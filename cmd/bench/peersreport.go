@@ -160,6 +160,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 		t.rows = append(t.rows, row)
 	}
 	t.write(b)
+	r.writePeerFloor(w, b)
 
 	r.writePeerScaling(w, b)
 
@@ -211,6 +212,35 @@ func (r *Results) writePeers(b *strings.Builder) {
 		}
 		w("\n")
 	}
+}
+
+// writePeerFloor prints the API server's own share of the API write to
+// kernel figures: what a proxy that took no time at all would score.
+func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
+	p := r.Peers
+	var rows [][]string
+	for _, wl := range p.Workloads {
+		row := []string{wl.Name}
+		any := false
+		for _, metric := range []string{peerEndpointWal, peerServiceWall} {
+			floor, ok := p.value(wl.Name, proxyAPIWatch, metric)
+			kp, mode, _, ok2 := p.fastestKube(wl.Name, metric, p.LimitMS)
+			if !ok || !ok2 || kp <= 0 {
+				row = append(row, "–")
+				continue
+			}
+			any = true
+			row = append(row, fmt.Sprintf("%.3g (%s / %s, %s)", floor/kp, fmtMS(floor), fmtMS(kp), proxyTitle[mode]))
+		}
+		if any {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("The API write to kernel figures include the API server's own work. A bare watch on the changed object (the row *%s* in each workload's table) receives the write this long after it was made, over the fastest kube-proxy mode's figure: no proxy can score below this.\n\n", proxyTitle[proxyAPIWatch])
+	(&table{head: []string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"}, rows: rows}).write(b)
 }
 
 // writePeerScaling prints nftproxy's endpoint change against the number of
