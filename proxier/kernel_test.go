@@ -1,11 +1,13 @@
 package proxier
 
 import (
+	"context"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
@@ -44,5 +46,44 @@ func TestGoldenRulesetsThroughNetlink(t *testing.T) {
 				t.Errorf("table read back after a netlink apply (-rendered +read):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestSetOutgrowsItsSizeInTheKernel: with sized sets, delta syncs fill a set
+// up to its size, and the one that would overflow it becomes a full sync
+// that declares the set again, larger, in the same batch as its elements.
+// At every step the kernel holds what Compile builds, with the sizes the
+// last full sync declared.
+func TestSetOutgrowsItsSizeInTheKernel(t *testing.T) {
+	defer func(v int) { sizedFrom = v }(sizedFrom)
+	sizedFrom = 4
+	ns := netns.New(t, "pxs")
+	conn, err := nftnl.Dial(ns.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	p := New(Options{Configs: []Config{testConfig}, Kernel: nftnl.Kernel{Conn: conn}})
+	for _, step := range []struct {
+		endpoints int
+		size      uint32 // of the endpoints map and the hairpin set
+	}{{5, 16}, {8, 16}, {16, 16}, {17, 64}, {9, 64}} {
+		snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", step.endpoints)}}
+		if err := p.Sync(context.Background(), snap, step.endpoints == 5); err != nil {
+			t.Fatalf("%d endpoints: %v", step.endpoints, err)
+		}
+		read, err := nftnl.Read(conn, m.IPv4, TableName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := compileWithSlots(snap, testConfig, p.applied[testConfig.Family].slots)
+		for _, s := range want.Sets {
+			if s.Name == mapEndpoints || s.Name == setHairpin {
+				s.Size = step.size
+			}
+		}
+		if diff := cmp.Diff(normalRender(want), normalRender(read)); diff != "" {
+			t.Errorf("%d endpoints (-compiled +kernel):\n%s", step.endpoints, diff)
+		}
 	}
 }
