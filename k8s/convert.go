@@ -470,16 +470,26 @@ func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
 	out := slices.Clone(ports)
 	for i := range out {
 		sp := &out[i]
-		var eps []Endpoint
-		for _, s := range from {
-			if s == nil || s.Namespace != sp.Name.Namespace || s.Service != sp.Name.Name {
-				continue
-			}
-			for _, pe := range s.Ports {
-				if pe.Name == sp.Name.Port && pe.Protocol == sp.Name.Protocol {
-					eps = append(eps, pe.Endpoints...)
+		ofPort := func(yield func([]Endpoint) bool) {
+			for _, s := range from {
+				if s == nil || s.Namespace != sp.Name.Namespace || s.Service != sp.Name.Name {
+					continue
+				}
+				for _, pe := range s.Ports {
+					if pe.Name == sp.Name.Port && pe.Protocol == sp.Name.Protocol && !yield(pe.Endpoints) {
+						return
+					}
 				}
 			}
+		}
+		// Counted first: a wide service's thousands are copied once.
+		n := 0
+		for eps := range ofPort {
+			n += len(eps)
+		}
+		eps := make([]Endpoint, 0, n)
+		for e := range ofPort {
+			eps = append(eps, e...)
 		}
 		sp.Endpoints = mergeEndpoints(eps)
 	}
@@ -492,14 +502,36 @@ func mergeEndpoints(eps []Endpoint) []Endpoint {
 	if len(eps) == 0 {
 		return nil
 	}
-	slices.SortStableFunc(eps, func(a, b Endpoint) int {
-		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(rank(b), rank(a)))
+	if slices.IsSortedFunc(eps, func(a, b Endpoint) int {
+		// Strictly increasing: sorted, and no address and port twice.
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), -1)
+	}) {
+		return eps
+	}
+	// Sorted through their indexes, the index breaking ties (the earlier
+	// slice wins): moving the endpoints themselves, a wide service's sort
+	// was mostly copying.
+	order := make([]int32, len(eps))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(i, j int32) int {
+		a, b := &eps[i], &eps[j]
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(rank(b), rank(a)), cmp.Compare(i, j))
 	})
-	return slices.CompactFunc(eps, func(a, b Endpoint) bool { return a.Addr == b.Addr && a.Port == b.Port })
+	out := make([]Endpoint, 0, len(eps))
+	for _, i := range order {
+		e := &eps[i]
+		if n := len(out); n > 0 && out[n-1].Addr == e.Addr && out[n-1].Port == e.Port {
+			continue
+		}
+		out = append(out, *e)
+	}
+	return out
 }
 
 // rank orders conditions: ready beats serving beats merely not terminating.
-func rank(e Endpoint) int {
+func rank(e *Endpoint) int {
 	r := 0
 	if e.Ready {
 		r += 4

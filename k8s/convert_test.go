@@ -644,3 +644,28 @@ func TestNodeFrom(t *testing.T) {
 		t.Error("NodeFrom shares the node's label map")
 	}
 }
+
+func TestMergeEndpoints(t *testing.T) {
+	e := func(a string, port uint16, ready bool, node string) Endpoint {
+		return Endpoint{Addr: netip.MustParseAddr(a), Port: port, Ready: ready, Serving: ready, NodeName: node}
+	}
+	tests := []struct {
+		name    string
+		in, out []Endpoint
+	}{
+		{"none", nil, nil},
+		{"sorted, kept as is", []Endpoint{e("10.0.0.1", 80, true, "a"), e("10.0.0.1", 81, true, "a"), e("10.0.0.2", 80, true, "a")},
+			[]Endpoint{e("10.0.0.1", 80, true, "a"), e("10.0.0.1", 81, true, "a"), e("10.0.0.2", 80, true, "a")}},
+		{"unsorted", []Endpoint{e("10.0.0.3", 80, true, "a"), e("10.0.0.1", 80, false, "a"), e("10.0.0.2", 80, true, "a")},
+			[]Endpoint{e("10.0.0.1", 80, false, "a"), e("10.0.0.2", 80, true, "a"), e("10.0.0.3", 80, true, "a")}},
+		{"twice: the better conditions win", []Endpoint{e("10.0.0.1", 80, false, "a"), e("10.0.0.1", 80, true, "b")},
+			[]Endpoint{e("10.0.0.1", 80, true, "b")}},
+		{"twice, as good: the earlier wins", []Endpoint{e("10.0.0.2", 80, true, "a"), e("10.0.0.1", 80, true, "b"), e("10.0.0.1", 80, true, "c")},
+			[]Endpoint{e("10.0.0.1", 80, true, "b"), e("10.0.0.2", 80, true, "a")}},
+	}
+	for _, tt := range tests {
+		if diff := cmp.Diff(tt.out, mergeEndpoints(tt.in), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.name, diff)
+		}
+	}
+}
