@@ -357,7 +357,7 @@ type pieceBuilder struct {
 
 func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) *pieceBuilder {
 	b := &pieceBuilder{c: c, sp: sp, p: &piece{},
-		choice:  chooseEndpoints(sp, &c.node, func(e k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) }),
+		choice:  chooseEndpoints(sp, &c.node, func(e *k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) }),
 		proto:   m.N(uint32(sp.Name.Protocol.Number())),
 		comment: sp.Name.String(),
 	}
@@ -481,10 +481,19 @@ func (b *pieceBuilder) remember(set *m.Set, key []m.Value) {
 // hairpinAddrs lists the addresses of the endpoints a service port may
 // send to, each once: a few are compared in place, a wide service's through
 // a map.
+// sortedByAddr tells whether endpoints are in address order, reading them in
+// place (slices.IsSortedFunc would copy each large endpoint twice).
+func sortedByAddr(eps []k8s.Endpoint) bool {
+	for i := 1; i < len(eps); i++ {
+		if eps[i].Addr.Less(eps[i-1].Addr) {
+			return false
+		}
+	}
+	return true
+}
+
 func hairpinAddrs(choice endpointChoice) []netip.Addr {
-	byAddr := func(a, b k8s.Endpoint) int { return a.Addr.Compare(b.Addr) }
-	if len(choice.cluster)+len(choice.local) > 16 &&
-		slices.IsSortedFunc(choice.cluster, byAddr) && slices.IsSortedFunc(choice.local, byAddr) {
+	if len(choice.cluster)+len(choice.local) > 16 && sortedByAddr(choice.cluster) && sortedByAddr(choice.local) {
 		return mergedAddrs(choice.cluster, choice.local)
 	}
 	out := make([]netip.Addr, 0, len(choice.cluster))

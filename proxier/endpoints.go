@@ -25,17 +25,17 @@ func (e endpointChoice) internal(sp *k8s.ServicePort) []k8s.Endpoint {
 // or, when none is ready, serving ones that are terminating (separately for
 // the cluster-wide and the local choice). Topology hints narrow the cluster
 // choice when every endpoint carries them and some match this node.
-func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(k8s.Endpoint) bool) endpointChoice {
+func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(*k8s.Endpoint) bool) endpointChoice {
 	eps := sp.Endpoints
 	if !allOf(eps, inFamily) {
 		eps = nil
-		for _, e := range sp.Endpoints {
-			if inFamily(e) {
-				eps = append(eps, e)
+		for i := range sp.Endpoints {
+			if inFamily(&sp.Endpoints[i]) {
+				eps = append(eps, sp.Endpoints[i])
 			}
 		}
 	}
-	isLocal := func(e k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
+	isLocal := func(e *k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
 	hinted := topologyFilter(eps, node)
 	return endpointChoice{
 		cluster: usable(eps, hinted),
@@ -43,15 +43,15 @@ func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(k8s.Endp
 	}
 }
 
-func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
+func usable(eps []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []k8s.Endpoint {
 	// The common case, every endpoint kept and ready, needs no copy.
-	if allOf(eps, func(e k8s.Endpoint) bool { return e.Ready && keep(e) }) {
+	if allOf(eps, func(e *k8s.Endpoint) bool { return e.Ready && keep(e) }) {
 		return eps
 	}
 	// Counted first: a wide service's local list is allocated once.
 	nReady := 0
-	for _, e := range eps {
-		if e.Ready && keep(e) {
+	for i := range eps {
+		if eps[i].Ready && keep(&eps[i]) {
 			nReady++
 		}
 	}
@@ -59,13 +59,13 @@ func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
 	if nReady > 0 {
 		ready = make([]k8s.Endpoint, 0, nReady)
 	}
-	for _, e := range eps {
-		switch {
+	for i := range eps {
+		switch e := &eps[i]; {
 		case !keep(e):
 		case e.Ready:
-			ready = append(ready, e)
+			ready = append(ready, *e)
 		case e.Serving && e.Terminating:
-			terminating = append(terminating, e)
+			terminating = append(terminating, *e)
 		}
 	}
 	if len(ready) > 0 {
@@ -80,23 +80,24 @@ func usable(eps []k8s.Endpoint, keep func(k8s.Endpoint) bool) []k8s.Endpoint {
 // hinted for this node when every ready endpoint has node hints and one names
 // this node; else those hinted for this node's zone when every ready endpoint
 // has zone hints and one names the zone; else every endpoint.
-func topologyFilter(eps []k8s.Endpoint, node *k8s.Node) func(k8s.Endpoint) bool {
-	forNode := func(e k8s.Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
-	if node.Name != "" && hintsMatch(eps, func(e k8s.Endpoint) []string { return e.NodeHints }, forNode) {
+func topologyFilter(eps []k8s.Endpoint, node *k8s.Node) func(*k8s.Endpoint) bool {
+	forNode := func(e *k8s.Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
+	if node.Name != "" && hintsMatch(eps, func(e *k8s.Endpoint) []string { return e.NodeHints }, forNode) {
 		return forNode
 	}
-	inZone := func(e k8s.Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
-	if node.Zone != "" && hintsMatch(eps, func(e k8s.Endpoint) []string { return e.ZoneHints }, inZone) {
+	inZone := func(e *k8s.Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
+	if node.Zone != "" && hintsMatch(eps, func(e *k8s.Endpoint) []string { return e.ZoneHints }, inZone) {
 		return inZone
 	}
-	return func(k8s.Endpoint) bool { return true }
+	return func(*k8s.Endpoint) bool { return true }
 }
 
 // hintsMatch tells whether every ready endpoint has hints of one kind and
 // at least one of them matches.
-func hintsMatch(eps []k8s.Endpoint, hints func(k8s.Endpoint) []string, match func(k8s.Endpoint) bool) bool {
+func hintsMatch(eps []k8s.Endpoint, hints func(*k8s.Endpoint) []string, match func(*k8s.Endpoint) bool) bool {
 	found := false
-	for _, e := range eps {
+	for i := range eps {
+		e := &eps[i]
 		if !e.Ready {
 			continue
 		}
@@ -108,9 +109,11 @@ func hintsMatch(eps []k8s.Endpoint, hints func(k8s.Endpoint) []string, match fun
 	return found
 }
 
-func allOf(eps []k8s.Endpoint, f func(k8s.Endpoint) bool) bool {
-	for _, e := range eps {
-		if !f(e) {
+// allOf tells whether f holds for every endpoint; by pointer, as the
+// endpoints are large and a wide service has thousands.
+func allOf(eps []k8s.Endpoint, f func(*k8s.Endpoint) bool) bool {
+	for i := range eps {
+		if !f(&eps[i]) {
 			return false
 		}
 	}

@@ -31,10 +31,17 @@ func sameEndpoints(a, b []k8s.Endpoint) bool {
 	if len(a) == 0 || &a[0] == &b[0] {
 		return true
 	}
-	return slices.EqualFunc(a, b, sameEndpoint)
+	for i := range a {
+		if !sameEndpoint(&a[i], &b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
-func sameEndpoint(a, b k8s.Endpoint) bool {
+// sameEndpoint compares two endpoints in place: they are large, and a wide
+// service has thousands.
+func sameEndpoint(a, b *k8s.Endpoint) bool {
 	return a.Addr == b.Addr && a.Port == b.Port && a.Ready == b.Ready && a.Serving == b.Serving &&
 		a.Terminating == b.Terminating && a.NodeName == b.NodeName && a.Zone == b.Zone &&
 		slices.Equal(a.ZoneHints, b.ZoneHints) && slices.Equal(a.NodeHints, b.NodeHints)

@@ -370,7 +370,7 @@ func (d *delta) replaceRuns(old, new []slotRun) {
 				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
 			case slot >= len(o.eps):
 				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
-			case addrPort(o.eps[slot]) != addrPort(n.eps[slot]):
+			case addrPortOf(&o.eps[slot]) != addrPortOf(&n.eps[slot]):
 				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
 				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
 			}

@@ -17,7 +17,7 @@ func noLocalOf(sp *k8s.ServicePort, node *k8s.Node, cfg Config) noLocal {
 	if !slices.ContainsFunc(sp.ClusterIPs, cfg.addrInFamily) {
 		return noLocal{}
 	}
-	choice := chooseEndpoints(sp, node, func(e k8s.Endpoint) bool { return cfg.addrInFamily(e.Addr) })
+	choice := chooseEndpoints(sp, node, func(e *k8s.Endpoint) bool { return cfg.addrInFamily(e.Addr) })
 	if len(choice.cluster) == 0 || len(choice.local) > 0 {
 		return noLocal{}
 	}

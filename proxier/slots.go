@@ -3,6 +3,7 @@ package proxier
 import (
 	"net/netip"
 	"slices"
+	"sort"
 
 	"github.com/nftproxy/nftproxy/k8s"
 )
@@ -33,13 +34,15 @@ type slotOrder struct {
 // addrs is the order as Slots keeps it.
 func (o slotOrder) addrs() []netip.AddrPort {
 	out := make([]netip.AddrPort, len(o.order))
-	for i, e := range o.order {
-		out[i] = addrPort(e)
+	for i := range o.order {
+		out[i] = addrPortOf(&o.order[i])
 	}
 	return out
 }
 
-func addrPort(e k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+func addrPort(e k8s.Endpoint) netip.AddrPort { return addrPortOf(&e) }
+
+func addrPortOf(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
 // nextSlots orders eps (sorted) into slots given the previous order prev:
 // an endpoint that stays keeps its slot when that slot still exists; the
@@ -62,7 +65,7 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
 	off := 0
 	for slot, a := range prev {
 		i, ok := slot+off, true
-		if i < 0 || i >= len(eps) || addrPort(eps[i]) != a {
+		if i < 0 || i >= len(eps) || addrPortOf(&eps[i]) != a {
 			if i, ok = find(a); ok {
 				off = i - slot
 			}
@@ -93,7 +96,15 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
 
 // inSortedOrder tells whether an order is eps's own.
 func inSortedOrder(order, eps []k8s.Endpoint) bool {
-	return slices.EqualFunc(order, eps, func(a, b k8s.Endpoint) bool { return addrPort(a) == addrPort(b) })
+	if len(order) != len(eps) {
+		return false
+	}
+	for i := range order {
+		if order[i].Addr != eps[i].Addr || order[i].Port != eps[i].Port {
+			return false
+		}
+	}
+	return true
 }
 
 // slotsOf puts eps, the endpoint list key of a service port, in slot order
@@ -112,9 +123,17 @@ func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) []k8s.End
 // when eps is sorted, as the tracker hands them over (a wide service's
 // thousands then cost no map), a map otherwise.
 func indexOf(eps []k8s.Endpoint) func(netip.AddrPort) (int, bool) {
-	compare := func(e k8s.Endpoint, a netip.AddrPort) int { return addrPort(e).Compare(a) }
-	if slices.IsSortedFunc(eps, func(a, b k8s.Endpoint) int { return addrPort(a).Compare(addrPort(b)) }) {
-		return func(a netip.AddrPort) (int, bool) { return slices.BinarySearchFunc(eps, a, compare) }
+	sorted := true
+	for i := 1; i < len(eps) && sorted; i++ {
+		sorted = addrPortOf(&eps[i-1]).Compare(addrPortOf(&eps[i])) <= 0
+	}
+	if sorted {
+		return func(a netip.AddrPort) (int, bool) {
+			// sort.Search reads the endpoints in place, where
+			// slices.BinarySearchFunc would copy each it compares.
+			i := sort.Search(len(eps), func(i int) bool { return addrPortOf(&eps[i]).Compare(a) >= 0 })
+			return i, i < len(eps) && addrPortOf(&eps[i]) == a
+		}
 	}
 	index := make(map[netip.AddrPort]int, len(eps))
 	for i, e := range eps {
