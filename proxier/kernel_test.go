@@ -2,6 +2,8 @@ package proxier
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -49,11 +51,12 @@ func TestGoldenRulesetsThroughNetlink(t *testing.T) {
 	}
 }
 
-// TestSetOutgrowsItsSizeInTheKernel: with sized sets, delta syncs fill a set
-// up to its size, and the one that would overflow it becomes a full sync
-// that declares the set again, larger, in the same batch as its elements.
-// At every step the kernel holds what Compile builds, with the sizes the
-// last full sync declared.
+// TestSetOutgrowsItsSizeInTheKernel: with sized sets (the service and
+// cluster IPs, the endpoints, the hairpin pairs), delta syncs fill a set up
+// to its size, and the one that would overflow it becomes a full sync that
+// declares the set again, larger, in the same batch as its elements. At
+// every step the kernel holds what Compile builds, with the sizes the last
+// full sync declared.
 func TestSetOutgrowsItsSizeInTheKernel(t *testing.T) {
 	defer func(v int) { sizedFrom = v }(sizedFrom)
 	sizedFrom = 4
@@ -64,26 +67,43 @@ func TestSetOutgrowsItsSizeInTheKernel(t *testing.T) {
 	}
 	defer func() { _ = conn.Close() }()
 	p := New(Options{Configs: []Config{testConfig}, Kernel: nftnl.Kernel{Conn: conn}})
-	for _, step := range []struct {
-		endpoints int
-		size      uint32 // of the endpoints map and the hairpin set
-	}{{5, 16}, {8, 16}, {16, 16}, {17, 64}, {9, 64}} {
-		snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", step.endpoints)}}
-		if err := p.Sync(context.Background(), snap, step.endpoints == 5); err != nil {
-			t.Fatalf("%d endpoints: %v", step.endpoints, err)
+	var sizes []uint32 // of the endpoints map, step by step
+	for i, n := range []int{5, 8, 16, 17, 9} {
+		snap := &k8s.Snapshot{}
+		for j, name := range []string{"a", "b", "c", "d"} {
+			snap.Services = append(snap.Services, svc(name, "http", fmt.Sprintf("10.96.0.%d", 20+j), 1))
+		}
+		snap.Services = append(snap.Services, svc("web", "http", "10.96.0.10", n))
+		if err := p.Sync(context.Background(), snap, i == 0); err != nil {
+			t.Fatalf("%d endpoints: %v", n, err)
 		}
 		read, err := nftnl.Read(conn, m.IPv4, TableName)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := compileWithSlots(snap, testConfig, p.applied[testConfig.Family].slots)
+		st := p.applied[testConfig.Family]
+		declared := map[string]uint32{}
+		for decl, size := range st.sizes {
+			declared[decl.Name] = size
+		}
+		for _, name := range []string{mapServiceIPs, setClusterIPs, mapEndpoints, setHairpin} {
+			if declared[name] == 0 {
+				t.Errorf("%d endpoints: set %s has no size", n, name)
+			}
+		}
+		want := compileWithSlots(snap, testConfig, st.slots)
 		for _, s := range want.Sets {
-			if s.Name == mapEndpoints || s.Name == setHairpin {
-				s.Size = step.size
+			if s.Timeout == 0 {
+				s.Size = declared[s.Name]
 			}
 		}
 		if diff := cmp.Diff(normalRender(want), normalRender(read)); diff != "" {
-			t.Errorf("%d endpoints (-compiled +kernel):\n%s", step.endpoints, diff)
+			t.Errorf("%d endpoints (-compiled +kernel):\n%s", n, diff)
 		}
+		sizes = append(sizes, declared[mapEndpoints])
+	}
+	// 4+5 endpoint elements make 32; 4+17 would overflow it: 64.
+	if want := []uint32{32, 32, 32, 64, 64}; !slices.Equal(sizes, want) {
+		t.Errorf("sizes of the endpoints map %v, want %v", sizes, want)
 	}
 }
