@@ -2,9 +2,7 @@ package proxier
 
 import (
 	"net/netip"
-	"slices"
 
-	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
@@ -44,11 +42,11 @@ type affinityPrune struct {
 func (a *affinityPrune) note(runs []slotRun) {
 	for _, r := range runs {
 		e := entryOf(r.key)
-		for _, ep := range r.eps {
+		for i := range r.eps.len() {
 			if a.targets[e] == nil {
 				a.targets[e] = map[netip.AddrPort]bool{}
 			}
-			a.targets[e][addrPort(ep)] = true
+			a.targets[e][r.eps.addrPort(i)] = true
 		}
 	}
 }
@@ -96,13 +94,18 @@ func removedAffinity(a *affinityPrune, before, after *piece) *affinityPrune {
 		entry  affinityEntry
 		offset uint32
 	}
-	afterRuns := map[runKey][]k8s.Endpoint{}
+	afterRuns := map[runKey]slotList{}
 	// inAfter tells whether an endpoint that left a slot of entry e is in
 	// any slot of e after (a few are asked, each a walk).
 	inAfter := func(e affinityEntry, ep netip.AddrPort) bool {
 		for k, eps := range afterRuns {
-			if k.entry == e && slices.ContainsFunc(eps, func(x k8s.Endpoint) bool { return addrPort(x) == ep }) {
-				return true
+			if k.entry != e {
+				continue
+			}
+			for i := range eps.len() {
+				if eps.addrPort(i) == ep {
+					return true
+				}
 			}
 		}
 		return false
@@ -117,18 +120,18 @@ func removedAffinity(a *affinityPrune, before, after *piece) *affinityPrune {
 	for _, r := range before.runs {
 		e := entryOf(r.key)
 		next := afterRuns[runKey{e, r.offset}]
-		for i := range max(len(r.eps), len(next)) {
+		for i := range max(r.eps.len(), next.len()) {
 			switch {
-			case i < len(r.eps) && i < len(next) && addrPort(r.eps[i]) == addrPort(next[i]):
+			case i < r.eps.len() && i < next.len() && r.eps.addrPort(i) == next.addrPort(i):
 				continue
-			case i < len(r.eps):
-				out[e] = append(out[e], addrPort(r.eps[i]))
+			case i < r.eps.len():
+				out[e] = append(out[e], r.eps.addrPort(i))
 			}
-			if i < len(next) {
+			if i < next.len() {
 				if in[e] == nil {
 					in[e] = map[netip.AddrPort]bool{}
 				}
-				in[e][addrPort(next[i])] = true
+				in[e][next.addrPort(i)] = true
 			}
 		}
 	}

@@ -147,7 +147,7 @@ type piece struct {
 type slotRun struct {
 	set *m.Set
 	key []m.Value
-	eps []k8s.Endpoint // in slot order
+	eps slotList
 	// offset is the first slot's number: 0, or localSlotOffset for the
 	// local endpoints of an eTP=Local service port's external key.
 	offset uint32
@@ -163,7 +163,8 @@ const localSlotOffset = 65536
 // the buffers given, which must have room.
 func (r slotRun) element(i int, keys, data []m.Value) m.Element {
 	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(r.offset+uint32(i)))
-	d := append(data[:0:2], m.A(r.eps[i].Addr), m.N(uint32(r.eps[i].Port)))
+	e := r.eps.at(i)
+	d := append(data[:0:2], m.A(e.Addr), m.N(uint32(e.Port)))
 	return m.Element{Key: k, Data: d}
 }
 
@@ -171,9 +172,10 @@ func (r slotRun) element(i int, keys, data []m.Value) m.Element {
 // keys and one for the targets.
 func (r slotRun) appendElements(dst []m.Element) []m.Element {
 	k := len(r.key) + 1
-	keys := make([]m.Value, k*len(r.eps))
-	data := make([]m.Value, 2*len(r.eps))
-	for i := range r.eps {
+	n := r.eps.len()
+	keys := make([]m.Value, k*n)
+	data := make([]m.Value, 2*n)
+	for i := range n {
 		dst = append(dst, r.element(i, keys[k*i:], data[2*i:]))
 	}
 	return dst
@@ -427,12 +429,12 @@ func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set
 func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set) {
 	cluster := b.c.slotsOf(b.p, slotsKey{b.sp.Name, false}, b.choice.cluster)
 	local := b.c.slotsOf(b.p, slotsKey{b.sp.Name, true}, b.choice.local)
-	obj := sharedObj{kind: kind, n: len(cluster), local: len(local), affinity: b.sp.AffinityTimeout > 0}
+	obj := sharedObj{kind: kind, n: cluster.len(), local: local.len(), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
 	b.remember(set, key)
 	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: cluster})
-	if len(local) > 0 {
+	if local.len() > 0 {
 		b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: local, offset: localSlotOffset})
 	}
 }
@@ -454,11 +456,11 @@ func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
 // shared dispatches through the chain of kind for len(eps) endpoints and
 // puts endpoint i into slot i of the map targets.
 func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
-	eps = b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
-	obj := sharedObj{kind: kind, n: len(eps), affinity: b.sp.AffinityTimeout > 0}
+	order := b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
+	obj := sharedObj{kind: kind, n: order.len(), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
-	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: eps})
+	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: order})
 	b.remember(set, key)
 }
 
@@ -554,7 +556,7 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 			counts[ke.set]++
 		}
 		for _, r := range p.runs {
-			counts[r.set] += len(r.eps)
+			counts[r.set] += r.eps.len()
 		}
 		nHairpin += len(p.hairpin)
 		nClusterIPs += len(p.clusterIPs)

@@ -184,8 +184,8 @@ func (s *incremental) count(p *piece, delta int) {
 		s.counts[ke.set] += delta
 	}
 	for _, r := range p.runs {
-		s.elementCount += delta * len(r.eps)
-		s.counts[r.set] += delta * len(r.eps)
+		s.elementCount += delta * r.eps.len()
+		s.counts[r.set] += delta * r.eps.len()
 	}
 }
 
@@ -364,13 +364,13 @@ func (d *delta) replaceRuns(old, new []slotRun) {
 		}
 		delete(oldAt, runKey(n))
 		o := old[i]
-		for slot := range max(len(o.eps), len(n.eps)) {
+		for slot := range max(o.eps.len(), n.eps.len()) {
 			switch {
-			case slot >= len(n.eps):
+			case slot >= n.eps.len():
 				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
-			case slot >= len(o.eps):
+			case slot >= o.eps.len():
 				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
-			case addrPortOf(&o.eps[slot]) != addrPortOf(&n.eps[slot]):
+			case o.eps.addrPort(slot) != n.eps.addrPort(slot):
 				d.del[o.set] = append(d.del[o.set], o.element(slot, make([]m.Value, len(o.key)+1), make([]m.Value, 2)))
 				d.add[n.set] = append(d.add[n.set], n.element(slot, make([]m.Value, len(n.key)+1), make([]m.Value, 2)))
 			}

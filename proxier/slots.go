@@ -27,18 +27,38 @@ type slotsKey struct {
 // slotOrder is the order a piece put one endpoint list in.
 type slotOrder struct {
 	key    slotsKey
-	order  []k8s.Endpoint
+	order  slotList
 	sorted bool // order is the snapshot's own
 }
 
 // addrs is the order as Slots keeps it.
 func (o slotOrder) addrs() []netip.AddrPort {
-	out := make([]netip.AddrPort, len(o.order))
-	for i := range o.order {
-		out[i] = addrPortOf(&o.order[i])
+	out := make([]netip.AddrPort, o.order.len())
+	for i := range out {
+		out[i] = o.order.addrPort(i)
 	}
 	return out
 }
+
+// slotList is endpoints in slot order: eps as they are, or, with perm,
+// eps[perm[slot]] in each slot. A reordering costs a permutation, not a
+// copy of every endpoint (they are large, and a wide service has thousands).
+type slotList struct {
+	eps  []k8s.Endpoint
+	perm []int32 // nil: eps's own order
+}
+
+func (l slotList) len() int { return len(l.eps) }
+
+// at is the endpoint in slot i.
+func (l slotList) at(i int) *k8s.Endpoint {
+	if l.perm != nil {
+		return &l.eps[l.perm[i]]
+	}
+	return &l.eps[i]
+}
+
+func (l slotList) addrPort(i int) netip.AddrPort { return addrPortOf(l.at(i)) }
 
 func addrPort(e k8s.Endpoint) netip.AddrPort { return addrPortOf(&e) }
 
@@ -50,12 +70,12 @@ func addrPortOf(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Ad
 // slots beyond len(eps) (a shrink moves the last one into the hole), then by
 // the new endpoints in their sorted order (a replacement takes the freed
 // slot; a growth appends). With no previous order the result is eps.
-func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
+func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) slotList {
 	if len(prev) == 0 {
-		return eps
+		return slotList{eps: eps}
 	}
 	find := indexOf(eps)
-	out := make([]k8s.Endpoint, len(eps))
+	out := make([]int32, len(eps))
 	placed := make([]bool, len(eps)) // by index in eps
 	filled := make([]bool, len(eps)) // by slot
 	var movers []int                 // indexes in eps waiting for a slot
@@ -75,7 +95,7 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
 		}
 		placed[i] = true
 		if slot < len(eps) {
-			out[slot], filled[slot] = eps[i], true
+			out[slot], filled[slot] = int32(i), true
 		} else {
 			movers = append(movers, i)
 		}
@@ -87,20 +107,20 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) []k8s.Endpoint {
 	}
 	for slot := range out {
 		if !filled[slot] {
-			out[slot] = eps[movers[0]]
+			out[slot] = int32(movers[0])
 			movers = movers[1:]
 		}
 	}
-	return out
+	if inSortedOrder(out) {
+		return slotList{eps: eps}
+	}
+	return slotList{eps: eps, perm: out}
 }
 
-// inSortedOrder tells whether an order is eps's own.
-func inSortedOrder(order, eps []k8s.Endpoint) bool {
-	if len(order) != len(eps) {
-		return false
-	}
-	for i := range order {
-		if order[i].Addr != eps[i].Addr || order[i].Port != eps[i].Port {
+// inSortedOrder tells whether a permutation leaves every slot in place.
+func inSortedOrder(perm []int32) bool {
+	for i, j := range perm {
+		if int(j) != i {
 			return false
 		}
 	}
@@ -109,13 +129,13 @@ func inSortedOrder(order, eps []k8s.Endpoint) bool {
 
 // slotsOf puts eps, the endpoint list key of a service port, in slot order
 // after the compiler's previous assignment, and notes the order in p.
-func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) []k8s.Endpoint {
+func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) slotList {
 	// Every address of the port dispatches to the same list: ordered once.
 	if i := slices.IndexFunc(p.slotOrders, func(o slotOrder) bool { return o.key == key }); i >= 0 {
 		return p.slotOrders[i].order
 	}
 	order := nextSlots(c.slots[key], eps)
-	p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: inSortedOrder(order, eps)})
+	p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: order.perm == nil})
 	return order
 }
 

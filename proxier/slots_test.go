@@ -49,7 +49,7 @@ func TestNextSlots(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := nextSlots(slotAddrs(tt.prev), tt.eps)
-			if d := gocmp.Diff(fmt.Sprint(slotAddrs(tt.want)), fmt.Sprint(slotAddrs(got))); d != "" {
+			if d := gocmp.Diff(fmt.Sprint(slotAddrs(tt.want)), fmt.Sprint(slotOrder{order: got}.addrs())); d != "" {
 				t.Errorf("nextSlots (-want +got):\n%s", d)
 			}
 		})
