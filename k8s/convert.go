@@ -502,10 +502,14 @@ func mergeEndpoints(eps []Endpoint) []Endpoint {
 	if len(eps) == 0 {
 		return nil
 	}
-	if slices.IsSortedFunc(eps, func(a, b Endpoint) int {
-		// Strictly increasing: sorted, and no address and port twice.
-		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), -1)
-	}) {
+	// Strictly increasing (sorted, no address and port twice) is kept as
+	// it is; read in place, as the endpoints are large.
+	increasing := true
+	for i := 1; i < len(eps) && increasing; i++ {
+		a, b := &eps[i-1], &eps[i]
+		increasing = cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port)) < 0
+	}
+	if increasing {
 		return eps
 	}
 	// Sorted through their indexes, the index breaking ties (the earlier

@@ -480,9 +480,6 @@ func (b *pieceBuilder) remember(set *m.Set, key []m.Value) {
 	b.p.uses = append(b.p.uses, obj)
 }
 
-// hairpinAddrs lists the addresses of the endpoints a service port may
-// send to, each once: a few are compared in place, a wide service's through
-// a map.
 // sortedByAddr tells whether endpoints are in address order, reading them in
 // place (slices.IsSortedFunc would copy each large endpoint twice).
 func sortedByAddr(eps []k8s.Endpoint) bool {
@@ -494,6 +491,9 @@ func sortedByAddr(eps []k8s.Endpoint) bool {
 	return true
 }
 
+// hairpinAddrs lists the addresses of the endpoints a service port may
+// send to, each once: a few are compared in place, a wide service's through
+// a map.
 func hairpinAddrs(choice endpointChoice) []netip.Addr {
 	if len(choice.cluster)+len(choice.local) > 16 && sortedByAddr(choice.cluster) && sortedByAddr(choice.local) {
 		return mergedAddrs(choice.cluster, choice.local)
@@ -589,8 +589,8 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	withElements := func(decl *m.Set) *m.Set {
 		s := *decl
 		s.Elements = elements[decl]
-		if s.Timeout == 0 && !s.Interval {
-			s.Size = setSize(len(s.Elements))
+		if size := declaredSize(decl, len(s.Elements)); size > 0 {
+			s.Size = size
 		}
 		return &s
 	}
@@ -614,11 +614,13 @@ func clusterIPElement(a netip.Addr) m.Element { return m.Element{Key: []m.Value{
 // set keeps the resizable table, which costs no memory it doesn't use.
 var sizedFrom = 4096
 
-// setSize is the size a set of n elements is declared with: none below
+// declaredSize is the size a set of n elements is declared with: none below
 // sizedFrom, else the power of two from 2n, so that it can double before a
-// sync must declare it again (see incremental.fits).
-func setSize(n int) uint32 {
-	if n < sizedFrom {
+// sync must declare it again (see incremental.fits). A set with a timeout
+// keeps the size of its own declaration, and an interval set (the kernel's
+// pipapo) has none.
+func declaredSize(decl *m.Set, n int) uint32 {
+	if decl.Timeout > 0 || decl.Interval || n < sizedFrom {
 		return 0
 	}
 	return 1 << bits.Len(uint(2*n-1))

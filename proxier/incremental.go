@@ -23,10 +23,8 @@ type incremental struct {
 	// Reference counts of what service ports share.
 	shared              map[sharedObj]int
 	hairpin, clusterIPs map[netip.Addr]int
-	elementCount        int // set elements of the ruleset
-	// counts are the elements of each set but hairpin and clusterIPs
-	// (whose maps count them), by declaration; sizes are the sizes the
-	// sets were declared with in the kernel, those that have one.
+	// counts are the elements of each set, by declaration; sizes are the
+	// sizes the sets were declared with in the kernel, those that have one.
 	counts map[*m.Set]int
 	sizes  map[*m.Set]uint32
 	// slots is the slot assignment applied: the compiler reads it, and an
@@ -101,14 +99,13 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 	}
 	s.c.slots = s.slots
 	s.prune = liveAffinity(pieces)
-	rs := s.c.assemble(pieces)
-	// assemble lists the fixed sets first, in fixedSets' order.
-	for i, decl := range s.c.fixedSets() {
-		if size := rs.Sets[i].Size; size > 0 && decl.Timeout == 0 {
+	// The sizes assemble declares, from the same counts.
+	for decl, n := range s.counts {
+		if size := declaredSize(decl, n); size > 0 {
 			s.sizes[decl] = size
 		}
 	}
-	return s, rs
+	return s, s.c.assemble(pieces)
 }
 
 // fits tells whether every set declared with a size holds no more elements
@@ -116,14 +113,7 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 // a full sync does.
 func (s *incremental) fits() bool {
 	for decl, size := range s.sizes {
-		n := s.counts[decl]
-		switch decl {
-		case s.c.hairpin:
-			n = len(s.hairpin)
-		case s.c.clusterIPs:
-			n = len(s.clusterIPs)
-		}
-		if n > int(size) {
+		if s.counts[decl] > int(size) {
 			return false
 		}
 	}
@@ -139,7 +129,7 @@ func (s *incremental) noteSlots(old, new *piece) {
 		}
 	}
 	for _, o := range new.slotOrders {
-		if !o.sorted {
+		if !o.sorted() {
 			s.slots[o.key] = o.addrs()
 		}
 	}
@@ -150,7 +140,7 @@ func (s *incremental) noteSlots(old, new *piece) {
 // sorted order.
 func (s *incremental) spellSlots(p *piece) {
 	for _, o := range p.slotOrders {
-		if o.sorted {
+		if o.sorted() {
 			s.slots[o.key] = o.addrs()
 		}
 	}
@@ -162,35 +152,40 @@ func (s *incremental) count(p *piece, delta int) {
 	for _, o := range p.uses {
 		s.shared[o] += delta
 	}
-	addrs := func(refs map[netip.Addr]int, list []netip.Addr) {
+	// An address is one element of its set, however many pieces use it.
+	addrs := func(set *m.Set, refs map[netip.Addr]int, list []netip.Addr) {
 		for _, a := range list {
 			n := refs[a] + delta
 			switch {
 			case n == 0:
 				delete(refs, a)
-				s.elementCount--
+				s.counts[set]--
 			case n == 1 && delta > 0:
-				s.elementCount++
+				s.counts[set]++
 			}
 			if n != 0 {
 				refs[a] = n
 			}
 		}
 	}
-	addrs(s.hairpin, p.hairpin)
-	addrs(s.clusterIPs, p.clusterIPs)
-	s.elementCount += delta * len(p.elements)
+	addrs(s.c.hairpin, s.hairpin, p.hairpin)
+	addrs(s.c.clusterIPs, s.clusterIPs, p.clusterIPs)
 	for _, ke := range p.elements {
 		s.counts[ke.set] += delta
 	}
 	for _, r := range p.runs {
-		s.elementCount += delta * r.eps.len()
 		s.counts[r.set] += delta * r.eps.len()
 	}
 }
 
 // elements is the number of set elements of the ruleset.
-func (s *incremental) elements() int { return s.elementCount }
+func (s *incremental) elements() int {
+	n := 0
+	for _, c := range s.counts {
+		n += c
+	}
+	return n
+}
 
 // ruleset assembles the whole ruleset of snap, the snapshot of the last
 // update, as Compile would.

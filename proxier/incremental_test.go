@@ -135,6 +135,14 @@ func TestIncrementalMatchesCompile(t *testing.T) {
 					if got, want := state.elements(), countElements(want); got != want {
 						t.Fatalf("step %d: elements() = %d, the ruleset has %d", step, got, want)
 					}
+					// Per set too: fits decides on these.
+					for _, decl := range state.c.fixedSets() {
+						for _, set := range want.Sets {
+							if set.Name == decl.Name && state.counts[decl] != len(set.Elements) {
+								t.Fatalf("step %d: set %s counted %d elements, holds %d", step, set.Name, state.counts[decl], len(set.Elements))
+							}
+						}
+					}
 				}
 			})
 		}

@@ -26,10 +26,12 @@ type slotsKey struct {
 
 // slotOrder is the order a piece put one endpoint list in.
 type slotOrder struct {
-	key    slotsKey
-	order  slotList
-	sorted bool // order is the snapshot's own
+	key   slotsKey
+	order slotList
 }
+
+// sorted tells whether the order is the snapshot's own.
+func (o slotOrder) sorted() bool { return o.order.perm == nil }
 
 // addrs is the order as Slots keeps it.
 func (o slotOrder) addrs() []netip.AddrPort {
@@ -58,11 +60,9 @@ func (l slotList) at(i int) *k8s.Endpoint {
 	return &l.eps[i]
 }
 
-func (l slotList) addrPort(i int) netip.AddrPort { return addrPortOf(l.at(i)) }
+func (l slotList) addrPort(i int) netip.AddrPort { return addrPort(l.at(i)) }
 
-func addrPort(e k8s.Endpoint) netip.AddrPort { return addrPortOf(&e) }
-
-func addrPortOf(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+func addrPort(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
 // nextSlots orders eps (sorted) into slots given the previous order prev:
 // an endpoint that stays keeps its slot when that slot still exists; the
@@ -85,7 +85,7 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) slotList {
 	off := 0
 	for slot, a := range prev {
 		i, ok := slot+off, true
-		if i < 0 || i >= len(eps) || addrPortOf(&eps[i]) != a {
+		if i < 0 || i >= len(eps) || addrPort(&eps[i]) != a {
 			if i, ok = find(a); ok {
 				off = i - slot
 			}
@@ -111,14 +111,14 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) slotList {
 			movers = movers[1:]
 		}
 	}
-	if inSortedOrder(out) {
+	if isIdentity(out) {
 		return slotList{eps: eps}
 	}
 	return slotList{eps: eps, perm: out}
 }
 
-// inSortedOrder tells whether a permutation leaves every slot in place.
-func inSortedOrder(perm []int32) bool {
+// isIdentity tells whether a permutation leaves every slot in place.
+func isIdentity(perm []int32) bool {
 	for i, j := range perm {
 		if int(j) != i {
 			return false
@@ -135,7 +135,7 @@ func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) slotList 
 		return p.slotOrders[i].order
 	}
 	order := nextSlots(c.slots[key], eps)
-	p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order, sorted: order.perm == nil})
+	p.slotOrders = append(p.slotOrders, slotOrder{key: key, order: order})
 	return order
 }
 
@@ -145,19 +145,19 @@ func (c *compiler) slotsOf(p *piece, key slotsKey, eps []k8s.Endpoint) slotList 
 func indexOf(eps []k8s.Endpoint) func(netip.AddrPort) (int, bool) {
 	sorted := true
 	for i := 1; i < len(eps) && sorted; i++ {
-		sorted = addrPortOf(&eps[i-1]).Compare(addrPortOf(&eps[i])) <= 0
+		sorted = addrPort(&eps[i-1]).Compare(addrPort(&eps[i])) <= 0
 	}
 	if sorted {
 		return func(a netip.AddrPort) (int, bool) {
 			// sort.Search reads the endpoints in place, where
 			// slices.BinarySearchFunc would copy each it compares.
-			i := sort.Search(len(eps), func(i int) bool { return addrPortOf(&eps[i]).Compare(a) >= 0 })
-			return i, i < len(eps) && addrPortOf(&eps[i]) == a
+			i := sort.Search(len(eps), func(i int) bool { return addrPort(&eps[i]).Compare(a) >= 0 })
+			return i, i < len(eps) && addrPort(&eps[i]) == a
 		}
 	}
 	index := make(map[netip.AddrPort]int, len(eps))
-	for i, e := range eps {
-		index[addrPort(e)] = i
+	for i := range eps {
+		index[addrPort(&eps[i])] = i
 	}
 	return func(a netip.AddrPort) (int, bool) { i, ok := index[a]; return i, ok }
 }

@@ -24,8 +24,8 @@ func eps(ns ...int) []k8s.Endpoint {
 
 func slotAddrs(es []k8s.Endpoint) []netip.AddrPort {
 	out := make([]netip.AddrPort, len(es))
-	for i, e := range es {
-		out[i] = addrPort(e)
+	for i := range es {
+		out[i] = addrPort(&es[i])
 	}
 	return out
 }

@@ -39,8 +39,8 @@ func (e *peerEnv) apiFloor(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("make watch client: %w", err)
 	}
-	slices := watcher.DiscoveryV1().EndpointSlices(benchNamespace)
-	sw, err := slices.Watch(wctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", sliceName(s.name, len(s.slices())-1)).String()})
+	sliceAPI := watcher.DiscoveryV1().EndpointSlices(benchNamespace)
+	sw, err := sliceAPI.Watch(wctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", sliceName(s.name, len(s.slices())-1)).String()})
 	if err != nil {
 		return fmt.Errorf("watch endpoint slice: %w", err)
 	}
