@@ -148,11 +148,11 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		// periodic resync it skipped, and one when it loaded the
 		// manifests: the peak then is decoding's, before the first sync
 		// (which starts at once, so up to one poll of it may count).
-		waitLines := func(want int, msgs ...string) error {
+		waitLines := func(want int, patterns ...string) error {
 			count := func() int {
 				n := 0
-				for _, m := range msgs {
-					n += strings.Count(log.String(), `"msg":"`+m)
+				for _, p := range patterns {
+					n += strings.Count(log.String(), p)
 				}
 				return n
 			}
@@ -170,7 +170,7 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 			}
 			return nil
 		}
-		waitSyncs := func(want int) error { return waitLines(want, `Synced"`, "Resync skipped") }
+		waitSyncs := func(want int) error { return waitLines(want, syncedLine, resyncSkippedLine) }
 		if err := waitSyncs(1); err != nil {
 			return err
 		}
@@ -193,10 +193,10 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 		f.steadyRS, f.peak = float64(st["VmRSS"])/1024, max(f.peak, float64(st["VmHWM"])/1024)
 		f.fullSyncMS = syncTook(log.String(), 0)
 		// One endpoint replaced, back and forth: each rewrite is one delta
-		// sync, logged with what it took.
-		// Counted from the syncs so far: a sync of nothing may follow the
-		// first one (a late signal of the source).
-		synced := strings.Count(log.String(), `"msg":"Synced"`)
+		// sync, logged with what it took, counted from the syncs so far (a
+		// sync of nothing may follow the first one: a late signal of the
+		// source).
+		synced := strings.Count(log.String(), syncedLine)
 		var took []float64
 		for i := range daemonEndpointSteps {
 			// Written aside and renamed into place, as kubelet updates a
@@ -207,7 +207,7 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 			if err := os.Rename(stepFile+".new", stepFile); err != nil {
 				return fmt.Errorf("replace %s: %w", stepFile, err)
 			}
-			if err := waitLines(synced+i+1, `Synced"`); err != nil {
+			if err := waitLines(synced+i+1, syncedLine); err != nil {
 				return err
 			}
 			took = append(took, syncTook(log.String(), synced+i))
@@ -224,11 +224,17 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 	return f, err
 }
 
+// The daemon's log lines for a sync and for a periodic resync it skipped.
+const (
+	syncedLine        = `"msg":"Synced"`
+	resyncSkippedLine = `"msg":"Resync skipped`
+)
+
 // syncTook returns the took of the daemon's k-th "Synced" log line (from 0),
 // in milliseconds; 0 when there is none.
 func syncTook(log string, k int) float64 {
 	for line := range strings.Lines(log) {
-		if !strings.Contains(line, `"msg":"Synced"`) {
+		if !strings.Contains(line, syncedLine) {
 			continue
 		}
 		if k > 0 {
