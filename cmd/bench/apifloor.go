@@ -72,12 +72,7 @@ func (e *peerEnv) apiFloor(ctx context.Context) error {
 		return fmt.Errorf("service step: %w", err)
 	}
 	e.run.add(e.w.spec.name, proxyAPIWatch, peerServiceWall, ms(at.Sub(t0)), 0)
-
-	eps := s.endpoints
-	if _, err := e.cluster.replaceEndpoint(wctx, e.w, i, eps[len(eps)-1], func() {}); err != nil {
-		return err
-	}
-	return e.cluster.removeAdded(wctx, k)
+	return e.restore(ctx, k)
 }
 
 // firstEvent returns when the watch delivered the first event match takes,

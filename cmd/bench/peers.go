@@ -212,7 +212,12 @@ func (e *peerEnv) proxy(ctx context.Context, proxy string) error {
 	if err != nil {
 		return err
 	}
-	// Put the API state back for the next proxy.
+	return e.restore(ctx, k)
+}
+
+// restore puts the API state back as the workload wrote it, for the next
+// run: the step service's endpoint, and no k-th added service.
+func (e *peerEnv) restore(ctx context.Context, k int) error {
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	i := e.w.stepService()
