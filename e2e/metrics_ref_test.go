@@ -63,7 +63,17 @@ func testClusterMetricsAsKubeProxy(t *testing.T, env *clusterEnv) {
 	if err := s.healthy(); err != nil {
 		t.Fatal(err)
 	}
-	ours := scrape(func() (int, []byte, error) { return s.get("http://127.0.0.1:10249/metrics") })
+	// Both proxies program the same node, so the service may have answered
+	// through kube-proxy's rules while nftproxy's sync of the slice still
+	// waited out its minimum sync period: wait for nftproxy's observation.
+	var ours map[string]*dto.MetricFamily
+	s.eventually("nftproxy's network programming latency", func() error {
+		ours = scrape(func() (int, []byte, error) { return s.get("http://127.0.0.1:10249/metrics") })
+		if ours["kubeproxy_network_programming_duration_seconds"] == nil {
+			return fmt.Errorf("not served yet")
+		}
+		return nil
+	})
 
 	labelNames := func(f *dto.MetricFamily) []string {
 		var out []string
