@@ -48,6 +48,7 @@ type manifests struct {
 	keys     []string // kind namespace/name of each object, in file order
 	ignored  []string
 	warnings []error
+	data     []byte // what the file held
 }
 
 // LoadDir reads every *.yaml, *.yml and *.json file of dir (not hidden ones,
@@ -158,7 +159,7 @@ var strictDecoder = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableS
 // decodeFile decodes the documents of one file; an object defined twice in
 // it fails the file.
 func decodeFile(name string, data []byte) (*manifests, error) {
-	m := &manifests{}
+	m := &manifests{data: data}
 	seen := map[string]bool{}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for doc := 1; ; doc++ {

@@ -158,9 +158,14 @@ func (t *Tracker) update(f func(*batch)) {
 	if b.changed {
 		t.snap = nil
 	}
-	t.stats.Invalid += uint64(len(b.problems))
+	t.stats.Invalid += uint64(len(b.problems) + len(b.counted))
 	t.mu.Unlock()
 	t.report(b.problems)
+	if t.opts.OnInvalid != nil {
+		for _, c := range b.counted {
+			t.opts.OnInvalid(c.kind, c.namespace, c.name, c.err)
+		}
+	}
 	if b.changed {
 		select {
 		case t.changed <- struct{}{}:
@@ -173,6 +178,13 @@ func (t *Tracker) update(f func(*batch)) {
 type batch struct {
 	changed  bool
 	problems []error
+	// counted are problems the source logged itself: they are only counted.
+	counted []sourceProblem
+}
+
+type sourceProblem struct {
+	kind, namespace, name string
+	err                   error
 }
 
 func (t *Tracker) report(problems []error) {
@@ -226,8 +238,44 @@ func (t *Tracker) SetNode(node *v1.Node) {
 	t.update(func(b *batch) { t.setNode(b, node) })
 }
 
+// Edit makes the changes f asks of the editor as one: under one lock, with
+// one change signal. The manifest source hands over what changed in the
+// files it read this way.
+func (t *Tracker) Edit(f func(*Editor)) {
+	t.update(func(b *batch) { f(&Editor{t: t, b: b}) })
+}
+
+// Editor changes a tracker inside Edit; it is valid only there.
+type Editor struct {
+	t *Tracker
+	b *batch
+}
+
+// SetService adds or updates a Service.
+func (e *Editor) SetService(svc *v1.Service) { e.t.setService(e.b, svc) }
+
+// DeleteService removes a Service.
+func (e *Editor) DeleteService(namespace, name string) {
+	e.t.deleteService(e.b, keyOf(namespace, name))
+}
+
+// SetSlice adds or updates an EndpointSlice.
+func (e *Editor) SetSlice(slice *discoveryv1.EndpointSlice) { e.t.setSlice(e.b, slice) }
+
+// DeleteSlice removes an EndpointSlice.
+func (e *Editor) DeleteSlice(namespace, name string) { e.t.deleteSlice(e.b, keyOf(namespace, name)) }
+
+// SetNode sets this node's Node object; nil forgets it.
+func (e *Editor) SetNode(node *v1.Node) { e.t.setNode(e.b, node) }
+
+// CountInvalid counts a problem the source found and logged itself, as
+// countInvalid does outside Edit.
+func (e *Editor) CountInvalid(kind, namespace, name string, err error) {
+	e.b.counted = append(e.b.counted, sourceProblem{kind, namespace, name, err})
+}
+
 // ReplaceAll makes the given objects the whole state, as one change: what is
-// not among them is deleted. The manifest source uses it.
+// not among them is deleted.
 func (t *Tracker) ReplaceAll(services []*v1.Service, eps []*discoveryv1.EndpointSlice, node *v1.Node) {
 	t.update(func(b *batch) {
 		keep := map[types.NamespacedName]bool{}

@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 )
 
 // DefaultSettle is how long a file written in place must go unwritten
@@ -34,10 +36,15 @@ const kubeletDataLink = "..data"
 // directory or not at all.
 //
 // After that every file stands on its own. A file that can't be read or
-// decoded (or defines an object an earlier file already defines) keeps the
-// objects it last yielded, is logged once with its name and the reason, and
-// is counted with the invalid objects (KindManifestFile); the other files'
-// changes apply as usual. A removed file removes its objects.
+// decoded keeps the objects it last yielded, is logged once with its name
+// and the reason, and is counted with the invalid objects
+// (KindManifestFile); the other files' changes apply as usual. A removed
+// file removes its objects. An object defined in several files is the first
+// file's by name; the others' definitions are left out, logged and counted
+// the same way, and one of them counts when the first goes (the file's last
+// good one, unless the file was broken already when an earlier file came to
+// define the object too: then its definition is out until the file loads
+// again). Only the keys of the objects are kept once they are handed over.
 //
 // When a changed file counts — so that half a file is never taken for the
 // whole: a file renamed into the directory (or created) is read settle after
@@ -66,7 +73,8 @@ func WatchDir(ctx context.Context, dir string, tracker *Tracker, log *zap.Logger
 		return fmt.Errorf("watch manifest directory %s: %w", dir, err)
 	}
 	w := &dirWatcher{dir: dir, tracker: tracker, log: log.With(zap.String("dir", dir)), settle: settle,
-		files: map[string]*fileState{}, logged: map[string]string{}, dups: map[string]bool{}}
+		files: map[string]*fileState{}, owner: map[string]string{}, also: map[string][]string{},
+		logged: map[string]string{}, dups: map[string]bool{}}
 	if err := w.loadAll(); err != nil {
 		_ = fsw.Close()
 		return err
@@ -81,21 +89,37 @@ type dirWatcher struct {
 	log     *zap.Logger
 	settle  time.Duration
 
-	files  map[string]*fileState
+	files map[string]*fileState
+	// owner names, for each object key, the file whose definition counts:
+	// the first by name of those defining it. also holds the later ones, in
+	// name order: their definitions are left out as duplicates. Only the
+	// keys are kept, not the objects: the tracker keeps what it derived, and
+	// at 100k services the decoded objects were half the daemon's heap.
+	owner  map[string]string
+	also   map[string][]string
 	due    map[string]time.Time // files to read, and when
 	logged map[string]string    // file → the problem last logged for it
 	dups   map[string]bool      // duplicate definitions logged
 }
 
-// fileState is what a file yielded when it last decoded, and what was last
-// read from it, good or not.
+// fileState is what a file yielded when it last decoded (the keys of its
+// objects, and its Nodes, among which the node's own is picked), and the
+// hash of what was last read from it, good or not.
 type fileState struct {
-	objs *manifests
-	hash [32]byte
+	decoded bool
+	keys    []string
+	nodes   []*v1.Node
+	hash    [32]byte
+	// good is what the file held when it last decoded, kept while an
+	// earlier file defines one of its objects too: should that definition
+	// go, this file's last good one counts, even if the file is broken now.
+	good []byte
 }
 
 // loadAll is the first load: every file must read and decode. A file that
-// changes while it is read is read again a little later.
+// changes while it is read is read again a little later. Each file goes to
+// the tracker as it decodes, so that one file's objects at most are held at
+// a time; on an error the caller gives up on the tracker, never syncing it.
 func (w *dirWatcher) loadAll() error {
 	names, err := scanDir(w.dir)
 	if err != nil {
@@ -117,10 +141,13 @@ func (w *dirWatcher) loadAll() error {
 			return err
 		}
 		w.notes(m)
-		w.files[name] = &fileState{objs: m, hash: sha256.Sum256(data)}
+		w.files[name] = &fileState{hash: sha256.Sum256(data)}
+		if dups := w.publish(map[string]*manifests{name: m}); len(dups) > 0 {
+			return dups[0]
+		}
 	}
-	if dups := w.publish(); len(dups) > 0 {
-		return dups[0]
+	if len(names) == 0 {
+		w.publish(nil)
 	}
 	return nil
 }
@@ -203,7 +230,6 @@ func (w *dirWatcher) next() (time.Time, bool) {
 
 // readDue reads the files whose time has come and publishes what changed.
 func (w *dirWatcher) readDue(now time.Time) {
-	changed := false
 	var names []string
 	for name, t := range w.due {
 		if !t.After(now) {
@@ -211,35 +237,36 @@ func (w *dirWatcher) readDue(now time.Time) {
 		}
 	}
 	sort.Strings(names)
+	changed := map[string]*manifests{}
 	for _, name := range names {
 		delete(w.due, name)
-		if w.read(name, now) {
-			changed = true
+		if m, ok := w.read(name, now); ok {
+			changed[name] = m
 		}
 	}
-	if changed {
-		w.publish()
+	if len(changed) > 0 {
+		w.publish(changed)
 	}
 }
 
-// read reads one file and tells whether what it yields changed.
-func (w *dirWatcher) read(name string, now time.Time) bool {
+// read reads one file and tells whether what it yields changed, and to
+// what: nil when the file is gone.
+func (w *dirWatcher) read(name string, now time.Time) (*manifests, bool) {
 	data, err := readFile(w.dir, name)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		delete(w.logged, name)
 		if _, ok := w.files[name]; !ok {
-			return false
+			return nil, false
 		}
-		delete(w.files, name)
 		w.log.Info("Manifest file removed", zap.String("file", name))
-		return true
+		return nil, true
 	case errors.Is(err, errStillWriting):
 		w.due[name] = now.Add(w.settle)
-		return false
+		return nil, false
 	case err != nil:
 		w.problem(name, err)
-		return false
+		return nil, false
 	}
 	st := w.files[name]
 	if st == nil {
@@ -247,64 +274,268 @@ func (w *dirWatcher) read(name string, now time.Time) bool {
 		w.files[name] = st
 	}
 	sum := sha256.Sum256(data)
-	if sum == st.hash && (st.objs != nil || w.logged[name] != "") {
-		return false // read before, and nothing changed
+	if sum == st.hash && (st.decoded || w.logged[name] != "") {
+		return nil, false // read before, and nothing changed
 	}
 	st.hash = sum
 	m, err := decodeFile(name, data)
 	if err != nil {
 		w.problem(name, err)
-		return false
+		return nil, false
 	}
 	if w.logged[name] != "" {
 		w.log.Info("Manifest file loads again", zap.String("file", name))
 		delete(w.logged, name)
 	}
 	w.notes(m)
-	st.objs = m
-	return true
+	return m, true
 }
 
 // problem logs a file that can't be read or decoded, once per reason, and
 // counts it; the file keeps the objects it last yielded.
 func (w *dirWatcher) problem(name string, err error) {
-	if w.logged[name] == err.Error() {
-		return
+	if w.logProblem(name, err, "Cannot load manifest file, keeping its last good objects") {
+		w.tracker.countInvalid(KindManifestFile, "", name, err)
 	}
-	w.logged[name] = err.Error()
-	w.log.Error("Cannot load manifest file, keeping its last good objects", zap.String("file", name), zap.Error(err))
-	w.tracker.countInvalid(KindManifestFile, "", name, err)
 }
 
-// publish hands the objects of every file to the tracker as the whole state,
-// and returns the definitions left out as duplicates (logged once each).
-func (w *dirWatcher) publish() []error {
-	names := make([]string, 0, len(w.files))
-	for name := range w.files {
-		names = append(names, name)
+// logProblem logs a file's problem unless it was the last one logged for
+// the file, and tells whether it did.
+func (w *dirWatcher) logProblem(name string, err error, msg string) bool {
+	if w.logged[name] == err.Error() {
+		return false
 	}
-	slices.Sort(names)
-	files := make(map[string]*manifests, len(w.files))
-	for name, st := range w.files {
-		files[name] = st.objs
-	}
-	m, dups := merge(names, files)
-	for _, err := range dups {
-		var me *ManifestError
-		if errors.As(err, &me) && !w.dups[me.Error()] {
-			w.dups[me.Error()] = true
-			w.log.Error("Leaving out an object defined twice", zap.String("file", me.File), zap.Error(err))
-			w.tracker.countInvalid(KindManifestFile, "", me.File, err)
+	w.logged[name] = err.Error()
+	w.log.Error(msg, zap.String("file", name), zap.Error(err))
+	return true
+}
+
+// publish hands the tracker, as one change, what the changed files yield
+// now against what they yielded before (nil: the file is gone), and returns
+// the definitions left out as duplicates (each logged once).
+//
+// Objects that leave a file leave its definitions first, and then the new
+// definitions come, so that an object moving between two files read
+// together is never taken for a duplicate. An object whose owner changes to
+// a file not read now (the first definition went away) is set from that
+// file, read again for it.
+func (w *dirWatcher) publish(changed map[string]*manifests) []error {
+	var dups []error
+	w.tracker.Edit(func(e *Editor) {
+		for len(changed) > 0 {
+			var again map[string]*manifests
+			dups, again = w.apply(e, changed, dups)
+			changed = again
+		}
+		w.setNode(e)
+	})
+	slices.SortFunc(dups, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	w.log.Debug("Loaded manifests", zap.Int("files", len(w.files)), zap.Int("objects", len(w.owner)))
+	return dups
+}
+
+// apply is one round of publish; it returns the files to read for the
+// objects they now own.
+func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests, dups []error) ([]error, map[string]*manifests) {
+	before := map[string]string{} // touched key → its owner before ("" for none)
+	touch := func(key string) {
+		if _, ok := before[key]; !ok {
+			before[key] = w.owner[key]
 		}
 	}
-	node := pickNode(m.nodes, w.tracker.NodeName())
-	if node == nil && len(m.nodes) > 0 {
+	for name, m := range changed {
+		st := w.files[name]
+		if st == nil {
+			continue
+		}
+		var now map[string]bool
+		if m != nil {
+			now = make(map[string]bool, len(m.keys))
+			for _, k := range m.keys {
+				now[k] = true
+			}
+		}
+		for _, key := range st.keys {
+			if !now[key] {
+				touch(key)
+				w.setDefiners(key, slices.DeleteFunc(w.definers(key), func(f string) bool { return f == name }))
+			}
+		}
+	}
+	for name, m := range changed {
+		if m == nil {
+			delete(w.files, name)
+			continue
+		}
+		st := w.files[name]
+		for _, key := range m.keys {
+			touch(key)
+			d := w.definers(key)
+			if i, found := slices.BinarySearch(d, name); !found {
+				w.setDefiners(key, slices.Insert(d, i, name))
+			}
+		}
+		st.decoded, st.keys, st.nodes = true, m.keys, m.nodes
+		// Everything a changed file owns is set: the tracker compares what
+		// it derives with what it holds.
+		for _, o := range m.services {
+			if w.owner[objectKey(o)] == name {
+				e.SetService(o)
+			}
+		}
+		for _, o := range m.slices {
+			if w.owner[objectKey(o)] == name {
+				e.SetSlice(o)
+			}
+		}
+	}
+	w.keepGood(changed)
+	var again map[string]*manifests
+	for key, was := range before {
+		owner, ok := w.owner[key]
+		switch {
+		case !ok:
+			if was != "" {
+				deleteObject(e, key)
+			}
+		case owner != was && !strings.HasPrefix(key, KindNode+" "):
+			if _, read := changed[owner]; read {
+				break
+			}
+			// Taken over by a file not read now: read it again. (A file
+			// keeps its Nodes: setNode needs no read.)
+			if again == nil {
+				again = map[string]*manifests{}
+			}
+			if _, ok := again[owner]; !ok {
+				again[owner] = w.reread(e, owner)
+			}
+		}
+		for _, f := range w.also[key] {
+			err := &ManifestError{File: f, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, owner)}
+			dups = append(dups, err)
+			if !w.dups[err.Error()] {
+				w.dups[err.Error()] = true
+				w.log.Error("Leaving out an object defined twice", zap.String("file", f), zap.Error(err))
+				e.CountInvalid(KindManifestFile, "", f, err)
+			}
+		}
+	}
+	return dups, again
+}
+
+// keepGood keeps the last good content of the files that define an object
+// an earlier file defines too (few: it is an error), and of no other.
+func (w *dirWatcher) keepGood(changed map[string]*manifests) {
+	later := map[string]bool{}
+	for _, files := range w.also {
+		for _, f := range files {
+			later[f] = true
+		}
+	}
+	for name, st := range w.files {
+		switch {
+		case !later[name]:
+			st.good = nil
+		case changed[name] != nil:
+			st.good = changed[name].data
+		case st.good == nil:
+			// An earlier file defines one of its objects now: its content
+			// is its last good one unless it changed since.
+			// (Nothing logged for it: what was last read of it decoded.)
+			if data, err := readFile(w.dir, name); err == nil && w.logged[name] == "" && sha256.Sum256(data) == st.hash {
+				st.good = data
+			}
+		}
+	}
+}
+
+// reread decodes a file again for the objects it now owns: its last good
+// content when kept, else what it holds now. One that can't be read or
+// decoded yields nothing, as if removed, until it does.
+func (w *dirWatcher) reread(e *Editor, name string) *manifests {
+	if good := w.files[name].good; good != nil {
+		if m, err := decodeFile(name, good); err == nil {
+			return m
+		}
+	}
+	data, err := readFile(w.dir, name)
+	if err == nil {
+		var m *manifests
+		if m, err = decodeFile(name, data); err == nil {
+			w.files[name].hash = sha256.Sum256(data)
+			return m
+		}
+	}
+	// Read in full as soon as it can be: the objects it owns are out.
+	w.files[name].hash = [32]byte{}
+	if w.due != nil {
+		w.due[name] = time.Now().Add(w.settle)
+	}
+	// Inside the tracker's Edit: counted through the editor.
+	if !errors.Is(err, errStillWriting) && w.logProblem(name, err, "Cannot load manifest file, leaving out the objects it takes over") {
+		e.CountInvalid(KindManifestFile, "", name, err)
+	}
+	return &manifests{}
+}
+
+// definers returns the files that define key, in name order.
+func (w *dirWatcher) definers(key string) []string {
+	o, ok := w.owner[key]
+	if !ok {
+		return nil
+	}
+	return append([]string{o}, w.also[key]...)
+}
+
+func (w *dirWatcher) setDefiners(key string, files []string) {
+	if len(files) == 0 {
+		delete(w.owner, key)
+		delete(w.also, key)
+		return
+	}
+	w.owner[key] = files[0]
+	if len(files) > 1 {
+		w.also[key] = slices.Clone(files[1:])
+	} else {
+		delete(w.also, key)
+	}
+}
+
+// setNode gives the tracker this node's Node among those the files own.
+func (w *dirWatcher) setNode(e *Editor) {
+	names := make([]string, 0, len(w.files))
+	for name, st := range w.files {
+		if len(st.nodes) > 0 {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	var nodes []*v1.Node
+	for _, name := range names {
+		for _, n := range w.files[name].nodes {
+			if w.owner[objectKey(n)] == name {
+				nodes = append(nodes, n)
+			}
+		}
+	}
+	node := pickNode(nodes, w.tracker.NodeName())
+	if node == nil && len(nodes) > 0 {
 		w.log.Debug("No Node manifest for this node", zap.String("node", w.tracker.NodeName()))
 	}
-	w.tracker.ReplaceAll(m.services, m.slices, node)
-	w.log.Debug("Loaded manifests", zap.Int("files", len(names)), zap.Int("services", len(m.services)),
-		zap.Int("endpointSlices", len(m.slices)), zap.Bool("node", node != nil))
-	return dups
+	e.SetNode(node)
+}
+
+// deleteObject removes the object an objectKey names from the tracker.
+func deleteObject(e *Editor, key string) {
+	kind, ref, _ := strings.Cut(key, " ")
+	ns, name, _ := strings.Cut(ref, "/")
+	switch kind {
+	case KindService:
+		e.DeleteService(ns, name)
+	case KindEndpointSlice:
+		e.DeleteSlice(ns, name)
+	}
 }
 
 // notes logs what a file's decoding noticed without failing it.

@@ -1,9 +1,13 @@
 package k8s
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -127,6 +131,49 @@ func TestWatchDirDuplicateLeftOut(t *testing.T) {
 	}
 }
 
+// TestWatchDirDuplicateTakesOver: the first file by name that defines an
+// object wins, whichever file changes: an earlier file defining it takes
+// it over, and when the winner drops it the next file's definition (read
+// again for it) applies.
+func TestWatchDirDuplicateTakesOver(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"m.yaml": webSlice("10.244.0.5"), "services.yaml": servicesYAML})
+	tr, invalid := watch(t, dir)
+	web := func(want string) {
+		t.Helper()
+		eventually(t, func() string {
+			if got := endpointAddrs(tr.Snapshot(), "web"); got != want {
+				return "web endpoints " + got + ", want " + want
+			}
+			return ""
+		})
+	}
+	web("10.244.0.5")
+	writeFiles(t, dir, map[string]string{"z.yaml": webSlice("10.244.0.9")})
+	eventually(t, func() string {
+		if invalid.Load() != 1 {
+			return "z.yaml's duplicate not counted"
+		}
+		return ""
+	})
+	web("10.244.0.5")
+	writeFiles(t, dir, map[string]string{"a.yaml": webSlice("10.244.0.1")})
+	web("10.244.0.1")
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	web("10.244.0.5")
+	writeFiles(t, dir, map[string]string{"m.yaml": listYAML})
+	web("10.244.0.9")
+	if got := endpointAddrs(tr.Snapshot(), "dns"); got != "10.244.0.53" {
+		t.Errorf("dns endpoints %q", got)
+	}
+	if err := os.Remove(filepath.Join(dir, "z.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	web("")
+}
+
 // TestWatchDirChurnDoesNotStarve: while one file is replaced every 2 ms, it
 // is still read every settle time, and a change to another file applies
 // within a settle time or two.
@@ -211,5 +258,101 @@ func TestWatchDirHalfWrittenFile(t *testing.T) {
 	case <-tr.Changed():
 		t.Error("a second change: the half-written file was applied first")
 	case <-time.After(3 * DefaultSettle):
+	}
+}
+
+// TestWatcherMatchesWholeDirectory: after any sequence of files written,
+// broken and removed, what the watcher handed over file by file is what the
+// whole directory's last good files give when merged at once (the first
+// definition by file name wins). It is checked whenever no file is broken:
+// an object a broken file defined after an earlier file defined it too can
+// be out until the file loads again (WatchDir).
+func TestWatcherMatchesWholeDirectory(t *testing.T) {
+	service := func(name, ip string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: %s}\nspec:\n  clusterIP: %s\n  ports: [{name: http, port: 80}]\n", name, ip)
+	}
+	slice := func(name, svc, addr string) string {
+		return fmt.Sprintf("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: %s, labels: {kubernetes.io/service-name: %s}}\n"+
+			"addressType: IPv4\nendpoints: [{addresses: [%q]}]\nports: [{name: http, port: 8080}]\n", name, svc, addr)
+	}
+	node := func(zone string) string {
+		return fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {topology.kubernetes.io/zone: %s}}\n", zone)
+	}
+	rnd := rand.New(rand.NewPCG(7, 11))
+	objects := func() string {
+		var docs []string
+		for i, svc := range []string{"web", "api", "dns"} {
+			if rnd.IntN(2) == 0 {
+				docs = append(docs, service(svc, fmt.Sprintf("10.96.0.%d", 10+i+10*rnd.IntN(2))))
+			}
+			if rnd.IntN(2) == 0 {
+				docs = append(docs, slice(svc+"-1", svc, fmt.Sprintf("10.244.%d.%d", i, 1+rnd.IntN(3))))
+			}
+		}
+		if rnd.IntN(4) == 0 {
+			docs = append(docs, node(fmt.Sprintf("z%d", rnd.IntN(2))))
+		}
+		return strings.Join(docs, "---\n")
+	}
+	dir := t.TempDir()
+	names := []string{"a.yaml", "b.yaml", "c.yaml", "d.yaml"}
+	good := map[string]string{}
+	for _, name := range names[:2] {
+		good[name] = objects()
+		writeFiles(t, dir, map[string]string{name: good[name]})
+	}
+	log, _ := observed()
+	tr := NewTracker(log, TrackerOptions{FallbackNode: Node{Name: "node-a"}})
+	w := &dirWatcher{dir: dir, tracker: tr, log: log, settle: time.Millisecond, files: map[string]*fileState{},
+		owner: map[string]string{}, also: map[string][]string{}, due: map[string]time.Time{},
+		logged: map[string]string{}, dups: map[string]bool{}}
+	// Duplicates across files fail the first load: start from files whose
+	// objects may repeat only after it.
+	if err := w.loadAll(); err != nil && !errors.Is(err, ErrDuplicate) {
+		t.Fatal(err)
+	}
+	broken := map[string]bool{}
+	for step := range 1000 {
+		// Change one to three files at a time: read together, in one publish.
+		for range 1 + rnd.IntN(3) {
+			name := names[rnd.IntN(len(names))]
+			switch rnd.IntN(8) {
+			case 0:
+				delete(good, name)
+				delete(broken, name)
+				_ = os.Remove(filepath.Join(dir, name))
+			case 1:
+				broken[name] = true
+				writeFiles(t, dir, map[string]string{name: "kind: [unclosed\n"})
+			default:
+				delete(broken, name)
+				good[name] = objects()
+				writeFiles(t, dir, map[string]string{name: good[name]})
+			}
+			w.due[name] = time.Time{}
+		}
+		w.readDue(time.Now())
+		if len(broken) > 0 {
+			continue
+		}
+		// What the files that last decoded give, merged at once.
+		files := map[string]*manifests{}
+		var present []string
+		for name, data := range good {
+			m, err := decodeFile(name, []byte(data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[name] = m
+			present = append(present, name)
+		}
+		slices.Sort(present)
+		m, _ := merge(present, files)
+		ref := NewTracker(nil, TrackerOptions{FallbackNode: Node{Name: "node-a"}})
+		ref.ReplaceAll(m.services, m.slices, pickNode(m.nodes, "node-a"))
+		got, want := tr.Snapshot(), ref.Snapshot()
+		if !reflect.DeepEqual(got.Services, want.Services) || !reflect.DeepEqual(got.Node, want.Node) {
+			t.Fatalf("step %d: the watcher's state\n%+v\n%+v\nthe whole directory's\n%+v\n%+v", step, got.Services, got.Node, want.Services, want.Node)
+		}
 	}
 }
