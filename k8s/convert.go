@@ -465,7 +465,8 @@ func convertEndpoint(e *discoveryv1.Endpoint, a netip.Addr) Endpoint {
 // belong to them: same namespace, service, port name and protocol. An
 // address and port found in several slices (an endpoint moving between
 // slices) is kept once, with the best conditions; on a tie the earlier slice
-// wins, so pass slices in a stable order.
+// wins, so pass slices in a stable order. A port's endpoints may be a
+// slice's own list: neither may be modified.
 func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
 	out := slices.Clone(ports)
 	for i := range out {
@@ -483,9 +484,19 @@ func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
 			}
 		}
 		// Counted first: a wide service's thousands are copied once.
-		n := 0
+		n, lists := 0, 0
+		var only []Endpoint
 		for eps := range ofPort {
 			n += len(eps)
+			lists++
+			only = eps
+		}
+		if lists == 1 {
+			// One slice's list, already in order, is shared, not copied:
+			// neither is ever modified in place, and most services have one
+			// slice (at 100k services the copies were a sixth of the heap).
+			sp.Endpoints = mergeEndpoints(only)
+			continue
 		}
 		eps := make([]Endpoint, 0, n)
 		for e := range ofPort {
