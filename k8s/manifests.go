@@ -49,6 +49,10 @@ type manifests struct {
 	ignored  []string
 	warnings []error
 	data     []byte // what the file held
+	// each, when set, receives the Services and EndpointSlices instead of
+	// the lists above, as they decode: the first load hands them over
+	// without holding a whole file's objects.
+	each func(obj any, key string)
 }
 
 // LoadDir reads every *.yaml, *.yml and *.json file of dir (not hidden ones,
@@ -159,7 +163,10 @@ var strictDecoder = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableS
 // decodeFile decodes the documents of one file; an object defined twice in
 // it fails the file.
 func decodeFile(name string, data []byte) (*manifests, error) {
-	m := &manifests{data: data}
+	return decodeInto(&manifests{data: data}, name, data)
+}
+
+func decodeInto(m *manifests, name string, data []byte) (*manifests, error) {
 	seen := map[string]bool{}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for doc := 1; ; doc++ {
@@ -277,14 +284,11 @@ func (m *manifests) decodeDoc(raw []byte, file string, seen map[string]bool) err
 		if o.Namespace == "" {
 			o.Namespace = metav1.NamespaceDefault
 		}
-		m.services = append(m.services, o)
 	case *discoveryv1.EndpointSlice:
 		if o.Namespace == "" {
 			o.Namespace = metav1.NamespaceDefault
 		}
-		m.slices = append(m.slices, o)
 	case *v1.Node:
-		m.nodes = append(m.nodes, o)
 	default:
 		return fmt.Errorf("decode %s: got %T", tm.Kind, obj)
 	}
@@ -294,6 +298,22 @@ func (m *manifests) decodeDoc(raw []byte, file string, seen map[string]bool) err
 	}
 	seen[key] = true
 	m.keys = append(m.keys, key)
+	switch o := obj.(type) {
+	case *v1.Node:
+		m.nodes = append(m.nodes, o)
+	case *v1.Service:
+		if m.each != nil {
+			m.each(o, key)
+		} else {
+			m.services = append(m.services, o)
+		}
+	case *discoveryv1.EndpointSlice:
+		if m.each != nil {
+			m.each(o, key)
+		} else {
+			m.slices = append(m.slices, o)
+		}
+	}
 	return nil
 }
 

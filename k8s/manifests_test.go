@@ -201,6 +201,15 @@ func TestWatchDirStartErrors(t *testing.T) {
 	if n := len(tr.Snapshot().Services); n != 0 {
 		t.Errorf("%d services applied from a broken directory", n)
 	}
+	for _, objects := range []string{sliceYAML, nodeJSON} {
+		dir := t.TempDir()
+		writeFiles(t, dir, map[string]string{"a.yaml": objects, "b.yaml": objects})
+		err := WatchDir(t.Context(), dir, NewTracker(nil, TrackerOptions{}), nil, 0)
+		var me *ManifestError
+		if !errors.Is(err, ErrDuplicate) || !errors.As(err, &me) || me.File != "b.yaml" {
+			t.Errorf("err = %v, want a duplicate in b.yaml", err)
+		}
+	}
 }
 
 // waitChange waits for the tracker to signal and returns how long it took.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +48,12 @@ type Tracker struct {
 	mu        sync.Mutex
 	services  map[types.NamespacedName]*serviceEntry
 	slices    map[types.NamespacedName]*sliceEntry
-	byService map[types.NamespacedName]map[string]*sliceEntry // by slice name
+	// byService holds each service's converted slices, sorted by slice name
+	// so that ties between duplicate endpoints break the same way every
+	// time; replaced, never modified in place. (A list, not a map by name:
+	// most services have one slice, and 100k one-entry maps were a tenth of
+	// the heap.)
+	byService map[types.NamespacedName][]*SliceEndpoints
 	merged    map[types.NamespacedName][]ServicePort          // with endpoints; built lazily
 	node      *nodeEntry
 	// ServiceCIDR objects by name.
@@ -117,7 +123,7 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		changed:   make(chan struct{}, 1),
 		services:  map[types.NamespacedName]*serviceEntry{},
 		slices:    map[types.NamespacedName]*sliceEntry{},
-		byService: map[types.NamespacedName]map[string]*sliceEntry{},
+		byService: map[types.NamespacedName][]*SliceEndpoints{},
 		merged:    map[types.NamespacedName][]ServicePort{},
 		dirty:     map[ServicePortName]struct{}{},
 		claims:    map[claimKey]int{},
@@ -432,10 +438,9 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 	t.slices[key] = e
 	if eps != nil {
 		svc := keyOf(eps.Namespace, eps.Service)
-		if t.byService[svc] == nil {
-			t.byService[svc] = map[string]*sliceEntry{}
-		}
-		t.byService[svc][slice.Name] = e
+		list := t.byService[svc]
+		i, _ := slices.BinarySearchFunc(list, eps.Name, func(s *SliceEndpoints, name string) int { return strings.Compare(s.Name, name) })
+		t.byService[svc] = slices.Insert(slices.Clip(list), i, eps)
 	}
 	if old == nil || !reflect.DeepEqual(old.eps, eps) {
 		// Once per event, although it may concern two services.
@@ -492,9 +497,11 @@ func (t *Tracker) unlinkSlice(key types.NamespacedName, e *sliceEntry) {
 		return
 	}
 	svc := keyOf(e.eps.Namespace, e.eps.Service)
-	delete(t.byService[svc], key.Name)
-	if len(t.byService[svc]) == 0 {
+	list := slices.DeleteFunc(slices.Clone(t.byService[svc]), func(s *SliceEndpoints) bool { return s.Name == key.Name })
+	if len(list) == 0 {
 		delete(t.byService, svc)
+	} else {
+		t.byService[svc] = list
 	}
 }
 
@@ -578,10 +585,19 @@ func (t *Tracker) build() (*Snapshot, []error) {
 	}
 	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode(), ServiceCIDRs: t.allServiceCIDRs()}
 	for _, key := range t.keys {
+		start, all := len(snap.Services), true
 		for _, sp := range t.mergedOf(key) {
-			if !t.skip[sp.Name] {
-				snap.Services = append(snap.Services, sp)
+			if t.skip[sp.Name] {
+				all = false
+				continue
 			}
+			snap.Services = append(snap.Services, sp)
+		}
+		if all {
+			// The snapshot's copy serves as the merged state from now on:
+			// one copy of every port, not two (neither is ever modified).
+			end := len(snap.Services)
+			t.merged[key] = snap.Services[start:end:end]
 		}
 	}
 	t.snap = snap
@@ -659,20 +675,9 @@ func (t *Tracker) checkConflicts() []error {
 	return fresh
 }
 
-// slicesOf returns the converted slices of a service, sorted by slice name
-// so that ties between duplicate endpoints break the same way every time.
+// slicesOf returns the converted slices of a service, sorted by slice name.
 func (t *Tracker) slicesOf(key types.NamespacedName) []*SliceEndpoints {
-	m := t.byService[key]
-	names := make([]string, 0, len(m))
-	for name := range m {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	out := make([]*SliceEndpoints, len(names))
-	for i, name := range names {
-		out[i] = m[name].eps
-	}
-	return out
+	return t.byService[key]
 }
 
 type vipKey struct {

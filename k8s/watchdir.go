@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // DefaultSettle is how long a file written in place must go unwritten
@@ -116,10 +118,12 @@ type fileState struct {
 	good []byte
 }
 
-// loadAll is the first load: every file must read and decode. A file that
-// changes while it is read is read again a little later. Each file goes to
-// the tracker as it decodes, so that one file's objects at most are held at
-// a time; on an error the caller gives up on the tracker, never syncing it.
+// loadAll is the first load: every file must read and decode, and no
+// object may be defined twice. A file that changes while it is read is read
+// again a little later. The objects go to the tracker as they decode, a few
+// hundred at a time, so that a whole file's are never held at once (at 100k
+// services they were most of the start-up's peak); on an error the caller
+// gives up on the tracker, never syncing it.
 func (w *dirWatcher) loadAll() error {
 	names, err := scanDir(w.dir)
 	if err != nil {
@@ -136,19 +140,59 @@ func (w *dirWatcher) loadAll() error {
 		if err != nil {
 			return err
 		}
-		m, err := decodeFile(name, data)
-		if err != nil {
+		st := &fileState{hash: sha256.Sum256(data), decoded: true}
+		w.files[name] = st
+		if err := w.loadFile(name, data, st); err != nil {
 			return err
 		}
-		w.notes(m)
-		w.files[name] = &fileState{hash: sha256.Sum256(data)}
-		if dups := w.publish(map[string]*manifests{name: m}); len(dups) > 0 {
-			return dups[0]
+	}
+	w.tracker.Edit(w.setNode)
+	return nil
+}
+
+// loadFile hands a file's objects over as they decode, in the first load.
+func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
+	var dup error
+	var batch []any
+	flush := func() {
+		w.tracker.Edit(func(e *Editor) {
+			for _, o := range batch {
+				switch o := o.(type) {
+				case *v1.Service:
+					e.SetService(o)
+				case *discoveryv1.EndpointSlice:
+					e.SetSlice(o)
+				}
+			}
+		})
+		batch = batch[:0]
+	}
+	m, err := decodeInto(&manifests{each: func(o any, key string) {
+		if first, ok := w.owner[key]; ok {
+			dup = cmp.Or(dup, error(&ManifestError{File: name, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}))
+			return
 		}
+		w.owner[key] = name
+		if batch = append(batch, o); len(batch) == 512 {
+			flush()
+		}
+	}}, name, data)
+	if err != nil {
+		return err
 	}
-	if len(names) == 0 {
-		w.publish(nil)
+	flush()
+	if dup != nil {
+		return dup
 	}
+	for _, n := range m.nodes {
+		key := objectKey(n)
+		if first, ok := w.owner[key]; ok {
+			return &ManifestError{File: name, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}
+		}
+		w.owner[key] = name
+	}
+	w.notes(m)
+	st.keys, st.nodes = m.keys, m.nodes
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -297,18 +296,15 @@ func TestWatcherMatchesWholeDirectory(t *testing.T) {
 	dir := t.TempDir()
 	names := []string{"a.yaml", "b.yaml", "c.yaml", "d.yaml"}
 	good := map[string]string{}
-	for _, name := range names[:2] {
-		good[name] = objects()
-		writeFiles(t, dir, map[string]string{name: good[name]})
-	}
+	good["b.yaml"] = objects()
+	writeFiles(t, dir, map[string]string{"b.yaml": good["b.yaml"]})
 	log, _ := observed()
 	tr := NewTracker(log, TrackerOptions{FallbackNode: Node{Name: "node-a"}})
 	w := &dirWatcher{dir: dir, tracker: tr, log: log, settle: time.Millisecond, files: map[string]*fileState{},
 		owner: map[string]string{}, also: map[string][]string{}, due: map[string]time.Time{},
 		logged: map[string]string{}, dups: map[string]bool{}}
-	// Duplicates across files fail the first load: start from files whose
-	// objects may repeat only after it.
-	if err := w.loadAll(); err != nil && !errors.Is(err, ErrDuplicate) {
+	// Duplicates across files fail the first load: one file, then others.
+	if err := w.loadAll(); err != nil {
 		t.Fatal(err)
 	}
 	broken := map[string]bool{}
