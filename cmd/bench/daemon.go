@@ -61,36 +61,54 @@ func daemonPhase(res *Results, o *options) error {
 		}
 		return nil
 	}
+	type shape struct{ n, eps int }
+	var shapes []shape
 	for _, n := range o.sizes {
 		if n > o.daemonMax {
 			res.skip(n, metricDaemonRSS, methodDaemon, fmt.Sprintf("not run above %d services (--daemon-max)", o.daemonMax))
 			continue
 		}
-		logf("daemon, %d services", n)
-		f, err := runDaemon(o.nftproxy, n, o.daemonProfiles)
+		shapes = append(shapes, shape{n, endpointsPerService})
+	}
+	for _, n := range o.daemonOne {
+		shapes = append(shapes, shape{n, 1})
+	}
+	for _, s := range shapes {
+		n, method := s.n, func(m string) string { return daemonMethod(m, s.eps) }
+		logf("daemon, %d services x %d endpoints", n, s.eps)
+		f, err := runDaemon(o.nftproxy, n, s.eps, o.daemonProfiles)
 		if err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
-		res.add(n, metricDaemonStart, methodDaemon, f.startMS)
-		res.add(n, metricDaemonRSS, methodDaemonFirst, f.firstRSS)
-		res.add(n, metricDaemonRSS, methodDaemon, f.steadyRS)
-		res.add(n, metricDaemonPeak, methodDaemon, f.peak)
+		res.add(n, metricDaemonStart, method(methodDaemon), f.startMS)
+		res.add(n, metricDaemonRSS, method(methodDaemonFirst), f.firstRSS)
+		res.add(n, metricDaemonRSS, method(methodDaemon), f.steadyRS)
+		res.add(n, metricDaemonPeak, method(methodDaemon), f.peak)
 		if f.loadPeak > 0 {
-			res.add(n, metricDaemonPeak, methodDaemonLoaded, f.loadPeak)
+			res.add(n, metricDaemonPeak, method(methodDaemonLoaded), f.loadPeak)
 		}
-		res.add(n, metricDaemonHeap, methodDaemon, f.heapAlloc)
+		res.add(n, metricDaemonHeap, method(methodDaemon), f.heapAlloc)
 		if f.releaseMS > 0 {
-			res.add(n, metricDaemonRelease, methodDaemon, f.releaseMS)
+			res.add(n, metricDaemonRelease, method(methodDaemon), f.releaseMS)
 		}
-		res.add(n, metricDaemonFullSync, methodDaemon, f.fullSyncMS)
-		res.add(n, metricDaemonEndpoint, methodDaemon, f.endpointMS)
+		res.add(n, metricDaemonFullSync, method(methodDaemon), f.fullSyncMS)
+		res.add(n, metricDaemonEndpoint, method(methodDaemon), f.endpointMS)
 	}
 	return nil
 }
 
+// daemonMethod names a daemon figure's method for services of eps
+// endpoints: the bench's usual three keep the plain name.
+func daemonMethod(method string, eps int) string {
+	if eps == endpointsPerService {
+		return method
+	}
+	return fmt.Sprintf("%s, %d endpoint(s) per service", method, eps)
+}
+
 // With profiles set it also saves the daemon's heap profile at steady state
 // there, as daemon-heap-N.pb.gz (`go tool pprof` reads it).
-func runDaemon(binary string, n int, profiles string) (f daemonFigures, err error) {
+func runDaemon(binary string, n, eps int, profiles string) (f daemonFigures, err error) {
 	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
 	if err != nil {
 		return f, fmt.Errorf("make manifest directory: %w", err)
@@ -99,6 +117,9 @@ func runDaemon(binary string, n int, profiles string) (f daemonFigures, err erro
 	// The service whose endpoint the steps replace has a file of its own,
 	// so that a step rewrites (and the daemon reads again) one service.
 	all := snapshot(n, nil)
+	for i := range all.Services {
+		all.Services[i].Endpoints = all.Services[i].Endpoints[:eps]
+	}
 	step := n / 2
 	rest := &k8s.Snapshot{Services: append(slices.Clone(all.Services[:step]), all.Services[step+1:]...)}
 	stepFile := filepath.Join(dir, "step.yaml")

@@ -28,6 +28,7 @@ type options struct {
 	samples        int            // connect samples per target
 	daemonMax      int            // largest size the daemon is started at
 	daemonProfiles string         // where heap profiles of the daemon go; none when empty
+	daemonOne      []int          // sizes the daemon also runs with one endpoint per service
 	workloads      []string       // the peers phase's workloads
 	proxies        []string       // the peers phase's proxies
 	proxiesGiven   bool           // --proxies was set: run them on every workload
@@ -70,6 +71,7 @@ func run(args []string) error {
 	fs.IntVar(&o.samples, "samples", 1000, "TCP connects timed per target service")
 	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
 	fs.StringVar(&o.daemonProfiles, "daemon-profiles", "", "directory the daemon's heap profile at steady state is saved to, one per size (none when empty)")
+	daemonOne := fs.String("daemon-one-endpoint", "100000", "comma-separated service counts the daemon phase also runs with one endpoint per service (none when empty or --quick)")
 	workloads := fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
 	proxies := fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
 	fs.DurationVar(&o.stepLimit, "step-limit", 5*time.Minute, "peers phase: a proxy that has not finished a step after this long is reported over it and stopped")
@@ -95,6 +97,11 @@ func run(args []string) error {
 	var err error
 	if o.sizes, err = parseSizes(*sizes, o.quick); err != nil {
 		return err
+	}
+	if *daemonOne != "" && !o.quick {
+		if o.daemonOne, err = parseSizes(*daemonOne, false); err != nil {
+			return err
+		}
 	}
 	if o.workloads, o.proxies, err = parsePeers(*workloads, *proxies, o.quick); err != nil {
 		return err

@@ -269,13 +269,20 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 	p("## The daemon\n\n")
 	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on the same services and their EndpointSlices in two manifest files (the middle service alone in the second), with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); *first sync* is that sync alone, as the daemon logs it (`took`, the figure of `kubeproxy_sync_proxy_rules_duration_seconds`); *one endpoint replaced* is the median of %d delta syncs, each logged after the second file was rewritten with the middle service's last endpoint replaced (and back); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is the highest `VmHWM` read, every 20 ms until steady state (a later reading can come out lower than an earlier one); *peak, decoding* is that figure when the daemon logs that it loaded the manifests, before the first sync (which starts at once, so up to one poll of it may count); *peak / steady* is the peak over the RSS at steady state (issue 11 asks at most 1.5); *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonEndpointSteps, daemonResyncs)
 	d := &table{head: []string{"services", "start-up to first sync", "first sync", "one endpoint replaced: sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
-	for _, n := range r.measuredSizes(metricDaemonRSS, methodDaemon) {
-		d.rows = append(d.rows, []string{fmt.Sprint(n), r.cell(n, metricDaemonStart, methodDaemon, fmtMS),
-			r.cell(n, metricDaemonFullSync, methodDaemon, fmtMS), r.cell(n, metricDaemonEndpoint, methodDaemon, fmtMS),
-			r.cell(n, metricDaemonRSS, methodDaemonFirst, fmtMiB), r.cell(n, metricDaemonRSS, methodDaemon, fmtMiB),
-			r.cell(n, metricDaemonPeak, methodDaemonLoaded, fmtMiB), r.cell(n, metricDaemonPeak, methodDaemon, fmtMiB),
-			r.ratioCell(n, metricDaemonPeak, metricDaemonRSS, methodDaemon),
-			r.cell(n, metricDaemonHeap, methodDaemon, fmtMiB), r.cell(n, metricDaemonRelease, methodDaemon, fmtMS)})
+	for _, eps := range []int{endpointsPerService, 1} {
+		m := func(method string) string { return daemonMethod(method, eps) }
+		for _, n := range r.measuredSizes(metricDaemonRSS, m(methodDaemon)) {
+			label := fmt.Sprint(n)
+			if eps != endpointsPerService {
+				label = fmt.Sprintf("%d, %d endpoint each", n, eps)
+			}
+			d.rows = append(d.rows, []string{label, r.cell(n, metricDaemonStart, m(methodDaemon), fmtMS),
+				r.cell(n, metricDaemonFullSync, m(methodDaemon), fmtMS), r.cell(n, metricDaemonEndpoint, m(methodDaemon), fmtMS),
+				r.cell(n, metricDaemonRSS, m(methodDaemonFirst), fmtMiB), r.cell(n, metricDaemonRSS, m(methodDaemon), fmtMiB),
+				r.cell(n, metricDaemonPeak, m(methodDaemonLoaded), fmtMiB), r.cell(n, metricDaemonPeak, m(methodDaemon), fmtMiB),
+				r.ratioCell(n, metricDaemonPeak, metricDaemonRSS, m(methodDaemon)),
+				r.cell(n, metricDaemonHeap, m(methodDaemon), fmtMiB), r.cell(n, metricDaemonRelease, m(methodDaemon), fmtMS)})
+		}
 	}
 	d.write(b)
 

@@ -115,11 +115,12 @@ func (r *Results) largest(metric, method string) int {
 // measuredSizes are the sizes with a measured record of metric and method.
 func (r *Results) measuredSizes(metric, method string) []int {
 	var out []int
-	for _, n := range r.Sizes {
-		if rec := r.find(n, metric, method); rec != nil {
-			out = append(out, n)
+	for _, rec := range r.Records {
+		if rec.Metric == metric && rec.Method == method && !slices.Contains(out, rec.N) {
+			out = append(out, rec.N)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
