@@ -45,16 +45,16 @@ type Tracker struct {
 	opts    TrackerOptions
 	changed chan struct{}
 
-	mu        sync.Mutex
-	services  map[types.NamespacedName]*serviceEntry
-	slices    map[types.NamespacedName]*sliceEntry
+	mu       sync.Mutex
+	services map[types.NamespacedName]*serviceEntry
+	slices   map[types.NamespacedName]*sliceEntry
 	// byService holds each service's converted slices, sorted by slice name
 	// so that ties between duplicate endpoints break the same way every
 	// time; replaced, never modified in place. (A list, not a map by name:
 	// most services have one slice, and 100k one-entry maps were a tenth of
 	// the heap.)
 	byService map[types.NamespacedName][]*SliceEndpoints
-	merged    map[types.NamespacedName][]ServicePort          // with endpoints; built lazily
+	merged    map[types.NamespacedName][]ServicePort // with endpoints; built lazily
 	node      *nodeEntry
 	// ServiceCIDR objects by name.
 	serviceCIDRs map[string]*serviceCIDREntry
