@@ -106,7 +106,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		popts.Flows = flowCleaner{r}
 	}
 
-	if err := startSource(ctx, o, log, tracker); err != nil {
+	if err := leanLoad(log, func() error { return startSource(ctx, o, log, tracker) }); err != nil {
 		if ctx.Err() != nil {
 			// SIGTERM while waiting for the API server is a stop, not a
 			// failure: nothing was applied and the previous rules stay.
