@@ -200,7 +200,7 @@ func merge(names []string, files map[string]*manifests) (*manifests, []error) {
 		for _, key := range m.keys {
 			if prev, ok := first[key]; ok {
 				skip[key] = true
-				dups = append(dups, &ManifestError{File: name, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, prev)})
+				dups = append(dups, duplicate(name, key, prev))
 				continue
 			}
 			first[key] = name

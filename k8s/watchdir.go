@@ -150,6 +150,11 @@ func (w *dirWatcher) loadAll() error {
 	return nil
 }
 
+// duplicate is the error of file defining the object key again.
+func duplicate(file, key, first string) error {
+	return &ManifestError{File: file, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}
+}
+
 // loadFile hands a file's objects over as they decode, in the first load.
 func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
 	var dup error
@@ -169,7 +174,7 @@ func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
 	}
 	m, err := decodeInto(&manifests{each: func(o any, key string) {
 		if first, ok := w.owner[key]; ok {
-			dup = cmp.Or(dup, error(&ManifestError{File: name, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}))
+			dup = cmp.Or(dup, duplicate(name, key, first))
 			return
 		}
 		w.owner[key] = name
@@ -187,7 +192,7 @@ func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
 	for _, n := range m.nodes {
 		key := objectKey(n)
 		if first, ok := w.owner[key]; ok {
-			return &ManifestError{File: name, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}
+			return duplicate(name, key, first)
 		}
 		w.owner[key] = name
 	}
@@ -355,32 +360,27 @@ func (w *dirWatcher) logProblem(name string, err error, msg string) bool {
 }
 
 // publish hands the tracker, as one change, what the changed files yield
-// now against what they yielded before (nil: the file is gone), and returns
-// the definitions left out as duplicates (each logged once).
+// now against what they yielded before (nil: the file is gone); the
+// definitions left out as duplicates are logged and counted once each.
 //
 // Objects that leave a file leave its definitions first, and then the new
 // definitions come, so that an object moving between two files read
 // together is never taken for a duplicate. An object whose owner changes to
 // a file not read now (the first definition went away) is set from that
 // file, read again for it.
-func (w *dirWatcher) publish(changed map[string]*manifests) []error {
-	var dups []error
+func (w *dirWatcher) publish(changed map[string]*manifests) {
 	w.tracker.Edit(func(e *Editor) {
 		for len(changed) > 0 {
-			var again map[string]*manifests
-			dups, again = w.apply(e, changed, dups)
-			changed = again
+			changed = w.apply(e, changed)
 		}
 		w.setNode(e)
 	})
-	slices.SortFunc(dups, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	w.log.Debug("Loaded manifests", zap.Int("files", len(w.files)), zap.Int("objects", len(w.owner)))
-	return dups
 }
 
 // apply is one round of publish; it returns the files to read for the
 // objects they now own.
-func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests, dups []error) ([]error, map[string]*manifests) {
+func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests) map[string]*manifests {
 	before := map[string]string{} // touched key → its owner before ("" for none)
 	touch := func(key string) {
 		if _, ok := before[key]; !ok {
@@ -456,16 +456,14 @@ func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests, dups []erro
 			}
 		}
 		for _, f := range w.also[key] {
-			err := &ManifestError{File: f, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, owner)}
-			dups = append(dups, err)
-			if !w.dups[err.Error()] {
+			if err := duplicate(f, key, owner); !w.dups[err.Error()] {
 				w.dups[err.Error()] = true
 				w.log.Error("Leaving out an object defined twice", zap.String("file", f), zap.Error(err))
 				e.CountInvalid(KindManifestFile, "", f, err)
 			}
 		}
 	}
-	return dups, again
+	return again
 }
 
 // keepGood keeps the last good content of the files that define an object
