@@ -450,12 +450,13 @@ func convertEndpoint(e *discoveryv1.Endpoint, a netip.Addr) Endpoint {
 	if c.Serving != nil {
 		out.Serving = *c.Serving
 	}
-	if h := e.Hints; h != nil {
+	if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+		out.Hints = &Hints{}
 		for _, z := range h.ForZones {
-			out.ZoneHints = append(out.ZoneHints, z.Name)
+			out.Hints.Zones = append(out.Hints.Zones, z.Name)
 		}
 		for _, n := range h.ForNodes {
-			out.NodeHints = append(out.NodeHints, n.Name)
+			out.Hints.Nodes = append(out.Hints.Nodes, n.Name)
 		}
 	}
 	return out

@@ -483,7 +483,7 @@ func TestEndpointsFromSlice(t *testing.T) {
 					{Addr: netip.MustParseAddr("10.244.0.1"), Port: 8080, Serving: true, Terminating: true},
 					{Addr: netip.MustParseAddr("10.244.0.2"), Port: 8080},
 					{Addr: netip.MustParseAddr("10.244.0.3"), Port: 8080, Ready: true, Serving: true,
-						NodeName: "node-a", Zone: "z1", ZoneHints: []string{"z1"}, NodeHints: []string{"node-a"}},
+						NodeName: "node-a", Zone: "z1", Hints: &Hints{Zones: []string{"z1"}, Nodes: []string{"node-a"}}},
 					{Addr: netip.MustParseAddr("10.244.0.4"), Port: 8080, Ready: true},
 				},
 			}}},

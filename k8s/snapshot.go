@@ -60,9 +60,32 @@ type Endpoint struct {
 	Terminating bool
 	NodeName    string
 	Zone        string
-	// ZoneHints and NodeHints are the topology hints of the EndpointSlice.
-	ZoneHints []string
-	NodeHints []string
+	// Hints are the topology hints of the EndpointSlice; nil when it has
+	// none. (Behind a pointer: most endpoints have none, and the endpoint,
+	// copied by thousands for a wide service, is a third smaller.)
+	Hints *Hints
+}
+
+// Hints are the zones and the nodes an endpoint is meant for.
+type Hints struct {
+	Zones []string
+	Nodes []string
+}
+
+// ZoneHints returns the zones the endpoint is meant for.
+func (e *Endpoint) ZoneHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// NodeHints returns the nodes the endpoint is meant for.
+func (e *Endpoint) NodeHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 // ServicePort is everything the proxier needs to know about one port of one

@@ -148,3 +148,54 @@ func BenchmarkEndpointReplaced(b *testing.B) {
 		})
 	}
 }
+
+// wideSlice is the s-th of the 50 slices of 100 endpoints of one service of
+// 5,000 (trackerService(0)); alt replaces its last endpoint.
+func wideSlice(s int, alt bool) *discoveryv1.EndpointSlice {
+	ready := true
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-00000-%02d", s), Labels: map[string]string{discoveryv1.LabelServiceName: "svc-00000"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(v1.ProtocolTCP)}},
+	}
+	for j := range 100 {
+		n := uint32(100*s + j + 1)
+		if alt && j == 99 {
+			n = 1 << 20
+		}
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{benchEndpoint(n).Addr.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return sl
+}
+
+// BenchmarkTrackerWideEndpoint is BenchmarkTrackerSync's endpoint change in
+// one service of 5,000 endpoints in 50 slices: the tracker merges the
+// service's slices again, the proxier syncs the one port it hands over.
+func BenchmarkTrackerWideEndpoint(b *testing.B) {
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	var slices []*discoveryv1.EndpointSlice
+	for s := range 50 {
+		slices = append(slices, wideSlice(s, false))
+	}
+	tr.ReplaceAll([]*v1.Service{trackerService(0)}, slices, nil)
+	var k nopKernel
+	p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+	tr.TakeChanges()
+	if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+		b.Fatal(err)
+	}
+	steps := [2]*discoveryv1.EndpointSlice{wideSlice(25, true), wideSlice(25, false)}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		tr.SetSlice(steps[i%2])
+		if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	if k.deltas != i {
+		b.Fatalf("%d deltas for %d changes", k.deltas, i)
+	}
+}

@@ -150,15 +150,15 @@ func goldenCases() []goldenCase {
 		{name: "topology-zone", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3, func(sp *k8s.ServicePort) {
 			sp.TrafficDistribution = "PreferClose"
 			for i := range sp.Endpoints {
-				sp.Endpoints[i].ZoneHints = []string{[]string{"zone-a", "zone-b", "zone-a"}[i]}
+				sp.Endpoints[i].Hints = hint(sp.Endpoints[i].Hints, []string{"zone-a", "zone-b", "zone-a"}[i], "")
 			}
 		})}, node: k8s.Node{Name: "node-1", Zone: "zone-a"}},
 		{name: "topology-node", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 3, func(sp *k8s.ServicePort) {
 			// Node hints on every endpoint decide, with or without a
 			// trafficDistribution, as in kube-proxy.
 			for i := range sp.Endpoints {
-				sp.Endpoints[i].ZoneHints = []string{"zone-a"}
-				sp.Endpoints[i].NodeHints = []string{[]string{"node-2", "node-1", "node-3"}[i]}
+				sp.Endpoints[i].Hints = hint(sp.Endpoints[i].Hints, "zone-a", "")
+				sp.Endpoints[i].Hints = hint(sp.Endpoints[i].Hints, "", []string{"node-2", "node-1", "node-3"}[i])
 			}
 		})}, node: k8s.Node{Name: "node-1", Zone: "zone-a"}},
 		{name: "terminating-fallback", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 0, func(sp *k8s.ServicePort) {
@@ -222,4 +222,20 @@ func TestServiceCIDRsFromSnapshot(t *testing.T) {
 			t.Errorf("%s (-flag +got):\n%s", name, diff)
 		}
 	}
+}
+
+// hint returns h with its zones set to zone and its nodes to node, each when
+// given.
+func hint(h *k8s.Hints, zone, node string) *k8s.Hints {
+	out := &k8s.Hints{}
+	if h != nil {
+		*out = *h
+	}
+	if zone != "" {
+		out.Zones = []string{zone}
+	}
+	if node != "" {
+		out.Nodes = []string{node}
+	}
+	return out
 }

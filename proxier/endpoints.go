@@ -81,12 +81,12 @@ func usable(eps []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []k8s.Endpoint {
 // this node; else those hinted for this node's zone when every ready endpoint
 // has zone hints and one names the zone; else every endpoint.
 func topologyFilter(eps []k8s.Endpoint, node *k8s.Node) func(*k8s.Endpoint) bool {
-	forNode := func(e *k8s.Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
-	if node.Name != "" && hintsMatch(eps, func(e *k8s.Endpoint) []string { return e.NodeHints }, forNode) {
+	forNode := func(e *k8s.Endpoint) bool { return slices.Contains(e.NodeHints(), node.Name) }
+	if node.Name != "" && hintsMatch(eps, (*k8s.Endpoint).NodeHints, forNode) {
 		return forNode
 	}
-	inZone := func(e *k8s.Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
-	if node.Zone != "" && hintsMatch(eps, func(e *k8s.Endpoint) []string { return e.ZoneHints }, inZone) {
+	inZone := func(e *k8s.Endpoint) bool { return slices.Contains(e.ZoneHints(), node.Zone) }
+	if node.Zone != "" && hintsMatch(eps, (*k8s.Endpoint).ZoneHints, inZone) {
 		return inZone
 	}
 	return func(*k8s.Endpoint) bool { return true }

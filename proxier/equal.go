@@ -44,5 +44,5 @@ func sameEndpoints(a, b []k8s.Endpoint) bool {
 func sameEndpoint(a, b *k8s.Endpoint) bool {
 	return a.Addr == b.Addr && a.Port == b.Port && a.Ready == b.Ready && a.Serving == b.Serving &&
 		a.Terminating == b.Terminating && a.NodeName == b.NodeName && a.Zone == b.Zone &&
-		slices.Equal(a.ZoneHints, b.ZoneHints) && slices.Equal(a.NodeHints, b.NodeHints)
+		slices.Equal(a.ZoneHints(), b.ZoneHints()) && slices.Equal(a.NodeHints(), b.NodeHints())
 }

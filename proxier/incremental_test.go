@@ -204,6 +204,12 @@ func TestSameServicePortSeesEveryField(t *testing.T) {
 			v.SetInt(v.Int() + 1)
 		case reflect.Slice:
 			v.Set(reflect.Append(v, reflect.New(v.Type().Elem()).Elem()))
+		case reflect.Pointer:
+			if x, ok := v.Addr().Interface().(**k8s.Hints); ok {
+				*x = &k8s.Hints{Zones: []string{"x"}}
+				return
+			}
+			t.Fatalf("no mutation for %s", v.Type())
 		case reflect.Struct:
 			switch x := v.Addr().Interface().(type) {
 			case *netip.Addr:
@@ -237,6 +243,15 @@ func TestSameServicePortSeesEveryField(t *testing.T) {
 		if sameServicePort(&base, &b) {
 			t.Errorf("sameServicePort misses a change of Endpoint.%s", epT.Field(i).Name)
 		}
+	}
+	// And within the hints.
+	zones, nodes := base, base
+	zones.Endpoints = []k8s.Endpoint{base.Endpoints[0]}
+	nodes.Endpoints = []k8s.Endpoint{base.Endpoints[0]}
+	zones.Endpoints[0].Hints = &k8s.Hints{Zones: []string{"a"}}
+	nodes.Endpoints[0].Hints = &k8s.Hints{Nodes: []string{"a"}}
+	if sameServicePort(&zones, &nodes) {
+		t.Error("sameServicePort takes a zone hint for a node hint")
 	}
 }
 

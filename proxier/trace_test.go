@@ -416,10 +416,10 @@ func TestTraceTopology(t *testing.T) {
 				sp.TrafficDistribution = tt.distribution
 				for i, h := range tt.hints {
 					if h.zone != "" {
-						sp.Endpoints[i].ZoneHints = []string{h.zone}
+						sp.Endpoints[i].Hints = hint(sp.Endpoints[i].Hints, h.zone, "")
 					}
 					if h.node != "" {
-						sp.Endpoints[i].NodeHints = []string{h.node}
+						sp.Endpoints[i].Hints = hint(sp.Endpoints[i].Hints, "", h.node)
 					}
 				}
 			})
