@@ -14,7 +14,9 @@ type noLocal struct{ internal, external bool }
 // sync_proxy_rules_no_local_endpoints_total: only services of the family
 // (a ClusterIP in it) with usable endpoints somewhere, by policy.
 func noLocalOf(sp *k8s.ServicePort, node *k8s.Node, cfg Config) noLocal {
-	if !slices.ContainsFunc(sp.ClusterIPs, cfg.addrInFamily) {
+	// Without a Local policy there is nothing to count: the endpoints,
+	// thousands for a wide service, need no choosing.
+	if !sp.InternalPolicyLocal && !sp.ExternalPolicyLocal || !slices.ContainsFunc(sp.ClusterIPs, cfg.addrInFamily) {
 		return noLocal{}
 	}
 	choice := chooseEndpoints(sp, node, func(e *k8s.Endpoint) bool { return cfg.addrInFamily(e.Addr) })
