@@ -18,7 +18,9 @@
 //
 // # Tracker
 //
-// The Tracker keeps the converted objects and builds a Snapshot on demand:
+// The Tracker keeps what it converted from the objects (not the objects:
+// a service port with one slice shares that slice's endpoint list) and
+// builds a Snapshot on demand:
 // services sorted by name, endpoints merged over all slices of a service
 // (IPv4 and IPv6 alike), sorted by address and port, each address and port
 // once with its best conditions. It signals changes on a one-slot channel,
@@ -35,6 +37,8 @@
 // WatchDir loads a manifest directory and watches it with inotify, reading
 // each changed file on its own clock (DefaultSettle after it was renamed in
 // or last written in place; see WatchDir for when a file counts): a file
-// that is broken keeps its last good objects while the others apply. LoadDir
-// reads a directory once.
+// that is broken keeps its last good objects while the others apply. It keeps
+// only the keys of what each file yielded and hands the tracker each read
+// file's changes through Tracker.Edit, as one change. LoadDir reads a
+// directory once.
 package k8s
