@@ -53,11 +53,12 @@ func diffSets(c *Changes, applied, desired *Ruleset) bool {
 // diffElements returns the elements to delete and to add. An element whose key
 // stays but whose value or comment changes is deleted and added again.
 func diffElements(applied, desired *Set) (del, add []Element) {
-	old := make(map[string]Element, len(applied.Elements))
-	for _, e := range applied.Elements {
+	appliedEls, desiredEls := applied.All(), desired.All()
+	old := make(map[string]Element, len(appliedEls))
+	for _, e := range appliedEls {
 		old[string(KeyBytes(applied.Key, e.Key))] = e
 	}
-	for _, e := range desired.Elements {
+	for _, e := range desiredEls {
 		k := string(KeyBytes(desired.Key, e.Key))
 		o, ok := old[k]
 		if ok {
@@ -69,7 +70,7 @@ func diffElements(applied, desired *Set) (del, add []Element) {
 		}
 		add = append(add, e)
 	}
-	for _, e := range applied.Elements {
+	for _, e := range appliedEls {
 		if o, gone := old[string(KeyBytes(applied.Key, e.Key))]; gone {
 			del = append(del, o)
 		}

@@ -295,6 +295,54 @@ type Set struct {
 	// plain sets with a concatenated key (the kernel's pipapo) are used so.
 	Interval bool
 	Elements []Element
+	// Source, when set, makes the set's elements instead of Elements (nil
+	// then): a full sync encodes them into its batch one at a time, never
+	// holding them all as a model. Readers that want them all call All.
+	Source ElementSource
+}
+
+// ElementSource makes the elements of a set one at a time.
+type ElementSource interface {
+	Len() int
+	// Element makes the i-th element in e, reusing the arrays of e's Key
+	// and Data: a caller that keeps it must copy them.
+	Element(i int, e *Element)
+}
+
+// Len is the number of the set's elements.
+func (s *Set) Len() int {
+	if s.Source != nil {
+		return s.Source.Len()
+	}
+	return len(s.Elements)
+}
+
+// All returns the set's elements, made from its Source if it has one.
+func (s *Set) All() []Element {
+	if s.Source == nil {
+		return s.Elements
+	}
+	out := make([]Element, s.Source.Len())
+	for i := range out {
+		s.Source.Element(i, &out[i])
+	}
+	return out
+}
+
+// Materialized returns rs with every set's elements held in Elements: a
+// copy when some set has a Source, else rs itself.
+func Materialized(rs *Ruleset) *Ruleset {
+	if !slices.ContainsFunc(rs.Sets, func(s *Set) bool { return s.Source != nil }) {
+		return rs
+	}
+	out := *rs
+	out.Sets = make([]*Set, len(rs.Sets))
+	for i, s := range rs.Sets {
+		c := *s
+		c.Elements, c.Source = s.All(), nil
+		out.Sets[i] = &c
+	}
+	return &out
 }
 
 // Typeof declares a set's key and value by the expressions that produce them

@@ -64,7 +64,7 @@ func renderSet(b *strings.Builder, f Family, s *Set) {
 		fmt.Fprintf(b, "\t\tsize %d\n\t\tflags dynamic,timeout\n", s.DeclaredSize())
 		fmt.Fprintf(b, "\t\ttimeout %s\n", formatDuration(s.Timeout))
 	}
-	if len(s.Elements) > 0 {
+	if s.Len() > 0 {
 		b.WriteString("\t\telements = { ")
 		perLine := elementsPerLine(s.Key)
 		for i, e := range SortedElements(s) {
@@ -193,7 +193,7 @@ func RenderTypes(ts []DataType) string {
 // (see SortElements), leaving the set as it is.
 func SortedElements(s *Set) []Element {
 	c := *s
-	c.Elements = slices.Clone(s.Elements)
+	c.Elements, c.Source = slices.Clone(s.All()), nil
 	SortElements(&c)
 	return c.Elements
 }

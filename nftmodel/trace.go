@@ -664,7 +664,7 @@ func (t *tracer) lookupValues(name string, want []Value) (Element, bool) {
 	if len(want) != len(s.Key) {
 		panic(fmt.Sprintf("nftmodel: trace: key of %d parts for %q, whose key has %d parts", len(want), name, len(s.Key)))
 	}
-	for _, el := range s.Elements {
+	for _, el := range s.All() {
 		if s.Interval && el.Contains(want) {
 			return el, true
 		}

@@ -547,7 +547,13 @@ func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 
 // assemble builds the ruleset out of the pieces of every service port, in
 // service order.
-func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
+func (c *compiler) assemble(pieces []*piece) *m.Ruleset { return c.assembleAs(pieces, false) }
+
+// assembleAs is assemble; lazy leaves the elements of the endpoint maps and
+// of the hairpin and cluster-IP sets to sources (m.Set.Source) that make
+// them while a full apply encodes its batch: they are most of a table's
+// elements, and held as a model they were most of the first sync's peak.
+func (c *compiler) assembleAs(pieces []*piece, lazy bool) *m.Ruleset {
 	// Counted first, so each set's elements are allocated once.
 	counts := map[*m.Set]int{}
 	nHairpin, nClusterIPs := 0, 0
@@ -555,8 +561,10 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		for _, ke := range p.elements {
 			counts[ke.set]++
 		}
-		for _, r := range p.runs {
-			counts[r.set] += r.eps.len()
+		if !lazy {
+			for _, r := range p.runs {
+				counts[r.set] += r.eps.len()
+			}
 		}
 		nHairpin += len(p.hairpin)
 		nClusterIPs += len(p.clusterIPs)
@@ -565,6 +573,7 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	for set, n := range counts {
 		elements[set] = make([]m.Element, 0, n)
 	}
+	runs := map[*m.Set][]slotRun{}
 	hairpin := make([]netip.Addr, 0, nHairpin)
 	clusterIPs := make([]netip.Addr, 0, nClusterIPs)
 	used := map[sharedObj]bool{}
@@ -573,7 +582,11 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 			elements[ke.set] = append(elements[ke.set], ke.el)
 		}
 		for _, r := range p.runs {
-			elements[r.set] = r.appendElements(elements[r.set])
+			if lazy {
+				runs[r.set] = append(runs[r.set], r)
+			} else {
+				elements[r.set] = r.appendElements(elements[r.set])
+			}
 		}
 		hairpin = append(hairpin, p.hairpin...)
 		clusterIPs = append(clusterIPs, p.clusterIPs...)
@@ -581,15 +594,28 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 			used[o] = true
 		}
 	}
-	elements[c.hairpin] = addrElements(hairpin, 2)
-	elements[c.clusterIPs] = addrElements(clusterIPs, 1)
+	sources := map[*m.Set]m.ElementSource{}
+	if lazy {
+		sources[c.hairpin] = addrSource{addrs: sortedAddrs(hairpin), parts: 2}
+		sources[c.clusterIPs] = addrSource{addrs: sortedAddrs(clusterIPs), parts: 1}
+		for set, rs := range runs {
+			sources[set] = newRunSource(elements[set], rs)
+		}
+	} else {
+		elements[c.hairpin] = addrElements(hairpin, 2)
+		elements[c.clusterIPs] = addrElements(clusterIPs, 1)
+	}
 	objs := slices.SortedFunc(maps.Keys(used), compareShared)
 
 	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
 	withElements := func(decl *m.Set) *m.Set {
 		s := *decl
-		s.Elements = elements[decl]
-		if size := declaredSize(decl, len(s.Elements)); size > 0 {
+		if src := sources[decl]; src != nil {
+			s.Source = src
+		} else {
+			s.Elements = elements[decl]
+		}
+		if size := declaredSize(decl, s.Len()); size > 0 {
 			s.Size = size
 		}
 		return &s
@@ -602,6 +628,68 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		rs.Chains = append(rs.Chains, c.sharedChain(o))
 	}
 	return rs
+}
+
+// runSource makes the elements of an endpoint map at a full sync: the
+// pieces' own elements of it, then every slot of every run.
+type runSource struct {
+	fixed []m.Element
+	runs  []slotRun
+	ends  []int // ends[i] is the number of elements up to the end of runs[i]
+}
+
+func newRunSource(fixed []m.Element, runs []slotRun) *runSource {
+	s := &runSource{fixed: fixed, runs: runs, ends: make([]int, len(runs))}
+	n := len(fixed)
+	for i, r := range runs {
+		n += r.eps.len()
+		s.ends[i] = n
+	}
+	return s
+}
+
+func (s *runSource) Len() int {
+	if len(s.ends) == 0 {
+		return len(s.fixed)
+	}
+	return s.ends[len(s.ends)-1]
+}
+
+func (s *runSource) Element(i int, e *m.Element) {
+	if i < len(s.fixed) {
+		f := &s.fixed[i]
+		*e = m.Element{Key: append(e.Key[:0], f.Key...), Data: append(e.Data[:0], f.Data...), Verdict: f.Verdict, Comment: f.Comment}
+		return
+	}
+	j, _ := slices.BinarySearch(s.ends, i+1)
+	start := len(s.fixed)
+	if j > 0 {
+		start = s.ends[j-1]
+	}
+	r := s.runs[j]
+	if cap(e.Key) < len(r.key)+1 {
+		e.Key = make([]m.Value, len(r.key)+1)
+	}
+	if cap(e.Data) < 2 {
+		e.Data = make([]m.Value, 2)
+	}
+	*e = r.element(i-start, e.Key, e.Data)
+}
+
+// addrSource makes the elements of a set of addresses (see addrElements).
+type addrSource struct {
+	addrs []netip.Addr // sorted, each once
+	parts int
+}
+
+func (s addrSource) Len() int { return len(s.addrs) }
+
+func (s addrSource) Element(i int, e *m.Element) {
+	k := e.Key[:0]
+	for range s.parts {
+		k = append(k, m.A(s.addrs[i]))
+	}
+	*e = m.Element{Key: k}
 }
 
 func hairpinElement(a netip.Addr) m.Element   { return m.Element{Key: []m.Value{m.A(a), m.A(a)}} }
@@ -631,8 +719,7 @@ func declaredSize(decl *m.Set, n int) uint32 {
 // sort, not a map, is the cheap way to drop duplicates at a full sync's
 // size. It reorders addrs.
 func addrElements(addrs []netip.Addr, parts int) []m.Element {
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	addrs = slices.Compact(addrs)
+	addrs = sortedAddrs(addrs)
 	keys := make([]m.Value, len(addrs)*parts)
 	els := make([]m.Element, len(addrs))
 	for i, a := range addrs {
@@ -643,6 +730,12 @@ func addrElements(addrs []netip.Addr, parts int) []m.Element {
 		els[i] = m.Element{Key: k}
 	}
 	return els
+}
+
+// sortedAddrs sorts addrs in place and drops the duplicates.
+func sortedAddrs(addrs []netip.Addr) []netip.Addr {
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs)
 }
 
 func jump(chain string) m.Rule {

@@ -415,3 +415,32 @@ func countElements(rs *m.Ruleset) int {
 	}
 	return n
 }
+
+// TestLazyRulesetIsTheRuleset: the full sync's ruleset, whose large sets
+// make their elements while the batch is encoded, holds the elements of the
+// ruleset assembled in full, set by set, and the same declarations.
+func TestLazyRulesetIsTheRuleset(t *testing.T) {
+	g := newRandomSnapshots(11)
+	for step := range 30 {
+		snap := g.next()
+		for _, cfg := range incrementalConfigs {
+			_, full := buildIncremental(snap, cfg, nil, false)
+			_, lazy := buildIncremental(snap, cfg, nil, true)
+			sources := 0
+			for _, s := range lazy.Sets {
+				if s.Source != nil {
+					sources++
+				}
+			}
+			if sources == 0 {
+				t.Fatalf("step %d, %s: no set has a source", step, cfg.Family)
+			}
+			if got, want := m.Render(lazy), m.Render(full); got != want {
+				t.Fatalf("step %d, %s: the lazy ruleset renders\n%s\nthe full one\n%s", step, cfg.Family, got, want)
+			}
+			if d, ok := m.Diff(full, m.Materialized(lazy)); !ok || !d.Empty() {
+				t.Fatalf("step %d, %s: they differ by %+v", step, cfg.Family, d)
+			}
+		}
+	}
+}

@@ -199,7 +199,7 @@ type modelKernel struct {
 func (k *modelKernel) Generation() (uint32, error) { return 0, nil }
 
 func (k *modelKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
-	k.tables[rs.Family] = rs
+	k.tables[rs.Family] = m.Materialized(rs)
 	return m.Stats{}, nil
 }
 

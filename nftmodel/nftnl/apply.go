@@ -114,7 +114,7 @@ func (b *batch) fill(rs *nftmodel.Ruleset) error {
 		}
 	}
 	for _, s := range rs.Sets {
-		if err := b.addElements(s.Name, s.Elements); err != nil {
+		if err := b.addSetElements(s); err != nil {
 			return err
 		}
 	}
@@ -321,7 +321,7 @@ func ApplyChanges(conn *Conn, family nftmodel.Family, table string, c *nftmodel.
 		b.flushChain(name)
 	}
 	for _, s := range c.AddSets {
-		if err := b.addElements(s.Name, s.Elements); err != nil {
+		if err := b.addSetElements(s); err != nil {
 			return nftmodel.Stats{}, b.fail("apply changes to", err)
 		}
 	}

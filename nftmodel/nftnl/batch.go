@@ -47,12 +47,31 @@ type step struct {
 	userData []byte
 }
 
-// elementsStep is one message adding or deleting checked elements of a set.
+// elementsStep is one message adding or deleting checked elements of a set:
+// els, or the elements lo to hi of src.
 type elementsStep struct {
-	set *nftables.Set
-	enc *elementEncoder
-	els []nftmodel.Element
-	add bool
+	set    *nftables.Set
+	enc    *elementEncoder
+	els    []nftmodel.Element
+	src    nftmodel.ElementSource
+	lo, hi int
+	add    bool
+}
+
+// each calls f with each of the step's elements; one made by a source is
+// valid until the next call.
+func (e *elementsStep) each(f func(i int, el *nftmodel.Element)) {
+	if e.src == nil {
+		for i := range e.els {
+			f(i, &e.els[i])
+		}
+		return
+	}
+	var el nftmodel.Element
+	for i := e.lo; i < e.hi; i++ {
+		e.src.Element(i, &el)
+		f(i-e.lo, &el)
+	}
 }
 
 // newBatch plans a transaction on the table (f, table).
@@ -320,6 +339,57 @@ func modelTypeList(magic uint32) ([]nftmodel.DataType, error) {
 
 func (b *batch) addElements(set string, els []nftmodel.Element) error {
 	return b.elements(set, els, true)
+}
+
+// addSetElements adds a set's elements, from its source when it has one.
+func (b *batch) addSetElements(s *nftmodel.Set) error {
+	if s.Source == nil || s.Interval {
+		return b.addElements(s.Name, s.All())
+	}
+	return b.sourceElements(s.Name, s.Source)
+}
+
+// sourceElements plans the additions of a source's elements as elements
+// does, made one at a time: checked and sized now, encoded when the batch
+// is written, never held.
+func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
+	n := src.Len()
+	if n == 0 {
+		return nil
+	}
+	s, ls := b.types[set], b.sets[set]
+	if s == nil || ls == nil {
+		return fmt.Errorf("change elements of set %s: set unknown to this batch", set)
+	}
+	enc := newElementEncoder(s.Key, s.Data, s.IsVerdictMap(), false)
+	var el nftmodel.Element
+	render := func(i int) string {
+		src.Element(i, &el)
+		return nftmodel.RenderValues(s.Key, el.Key)
+	}
+	plan := func(lo, hi int) {
+		b.steps = append(b.steps, step{
+			what:     fmt.Sprintf("add %d elements of set %s (%s … %s)", hi-lo, set, render(lo), render(hi-1)),
+			msgs:     1,
+			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, add: true},
+		})
+	}
+	start, total := 0, 0
+	for i := range n {
+		src.Element(i, &el)
+		if err := enc.check(&el); err != nil {
+			return fmt.Errorf("change elements of set %s: %w", set, err)
+		}
+		size := enc.size(&el)
+		if i > start && (i-start >= maxChunkElements || total+size > maxChunkBytes) {
+			plan(start, i)
+			start, total = i, 0
+		}
+		total += size
+	}
+	plan(start, n)
+	b.stats.Elements += n
+	return nil
 }
 func (b *batch) delElements(set string, els []nftmodel.Element) error {
 	return b.elements(set, els, false)

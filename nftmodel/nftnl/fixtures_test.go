@@ -306,3 +306,25 @@ func sizedSetRuleset(n int) *nftmodel.Ruleset {
 	}
 	return &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "nftproxy-sized", Sets: []*nftmodel.Set{endpoints, hairpin}}
 }
+
+// sliceSource makes a list's elements one at a time, in the arrays it is
+// given, as proxier's sources do.
+type sliceSource []nftmodel.Element
+
+func (s sliceSource) Len() int { return len(s) }
+
+func (s sliceSource) Element(i int, e *nftmodel.Element) {
+	*e = nftmodel.Element{Key: append(e.Key[:0], s[i].Key...), Data: append(e.Data[:0], s[i].Data...),
+		Verdict: s[i].Verdict, Comment: s[i].Comment}
+}
+
+// sourcedSetRuleset is sizedSetRuleset with its elements made by sources,
+// in more than one message each.
+func sourcedSetRuleset(n int) *nftmodel.Ruleset {
+	rs := sizedSetRuleset(n)
+	rs.Table = "nftproxy-sourced"
+	for _, s := range rs.Sets {
+		s.Source, s.Elements = sliceSource(s.Elements), nil
+	}
+	return rs
+}

@@ -61,7 +61,7 @@ func listTable(t *testing.T, ns *netns.NS, rs *nftmodel.Ruleset) string {
 // applied over netlink in another, list identically, and both list exactly
 // as Render printed.
 func TestDifferential(t *testing.T) {
-	for _, rs := range []*nftmodel.Ruleset{fullRuleset(), full6Ruleset(), bigSetRuleset(1200), sizedSetRuleset(300)} {
+	for _, rs := range []*nftmodel.Ruleset{fullRuleset(), full6Ruleset(), bigSetRuleset(1200), sizedSetRuleset(300), sourcedSetRuleset(3000)} {
 		t.Run(rs.Family.String()+"/"+rs.Table, func(t *testing.T) {
 			text := nftmodel.Render(rs)
 			nsText, _ := nftNS(t)

@@ -140,16 +140,14 @@ func batchEdgeSize(genID uint32) int {
 // size is the size of the message wire.elements writes for e.
 func (e *elementsStep) size(table string) int {
 	n := nlmsgHeaderLen + 4 + attrSize(len(e.set.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
-	for i := range e.els {
-		n += e.enc.size(&e.els[i])
-	}
+	e.each(func(_ int, el *nftmodel.Element) { n += e.enc.size(el) })
 	return n
 }
 
 // elements writes one message adding or deleting the checked elements of a
 // set, as google/nftables' SetAddElements and SetDeleteElements encode it.
 func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep) {
-	ls, enc, els := e.set, e.enc, e.els
+	ls, enc := e.set, e.enc
 	typ := unix.NFT_MSG_DELSETELEM
 	if e.add {
 		typ = unix.NFT_MSG_NEWSETELEM
@@ -161,9 +159,7 @@ func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep) {
 	w.attr(unix.NFTA_SET_ELEM_LIST_SET_ID, binary.BigEndian.AppendUint32(nil, ls.ID)...)
 	w.stringAttr(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 	list := w.beginAttr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | unix.NLA_F_NESTED)
-	for i := range els {
-		w.element(uint16(i+1), enc, &els[i])
-	}
+	e.each(func(i int, el *nftmodel.Element) { w.element(uint16(i+1), enc, el) })
 	w.endAttr(list)
 	w.endMsg(start)
 }
