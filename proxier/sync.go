@@ -18,6 +18,8 @@ import (
 // Kernel writes rulesets; the netlink applier in the daemon's namespace
 // (nftnl.Kernel) is the real one.
 type Kernel interface {
+	// Apply replaces the table with rs, whose large sets may make their
+	// elements from a Source (m.Materialized gives them all).
 	Apply(rs *m.Ruleset) (m.Stats, error)
 	ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error)
 	// Generation is the namespace's nftables ruleset generation, which
