@@ -469,9 +469,16 @@ func convertEndpoint(e *discoveryv1.Endpoint, a netip.Addr) Endpoint {
 // wins, so pass slices in a stable order. A port's endpoints may be a
 // slice's own list: neither may be modified.
 func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
-	out := slices.Clone(ports)
-	for i := range out {
-		sp := &out[i]
+	return appendWithEndpoints(nil, ports, from)
+}
+
+// appendWithEndpoints appends what WithEndpoints returns to dst: a snapshot
+// is built in place, not from a copy per service.
+func appendWithEndpoints(dst, ports []ServicePort, from []*SliceEndpoints) []ServicePort {
+	start := len(dst)
+	dst = append(dst, ports...)
+	for i := start; i < len(dst); i++ {
+		sp := &dst[i]
 		ofPort := func(yield func([]Endpoint) bool) {
 			for _, s := range from {
 				if s == nil || s.Namespace != sp.Name.Namespace || s.Service != sp.Name.Name {
@@ -505,7 +512,7 @@ func WithEndpoints(ports []ServicePort, from []*SliceEndpoints) []ServicePort {
 		}
 		sp.Endpoints = mergeEndpoints(eps)
 	}
-	return out
+	return dst
 }
 
 // mergeEndpoints sorts endpoints by address and port and keeps the best of

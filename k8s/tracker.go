@@ -585,14 +585,24 @@ func (t *Tracker) build() (*Snapshot, []error) {
 	}
 	snap := &Snapshot{Services: make([]ServicePort, 0, t.nPorts), Node: t.currentNode(), ServiceCIDRs: t.allServiceCIDRs()}
 	for _, key := range t.keys {
-		start, all := len(snap.Services), true
-		for _, sp := range t.mergedOf(key) {
-			if t.skip[sp.Name] {
+		start := len(snap.Services)
+		if m, ok := t.merged[key]; ok {
+			snap.Services = append(snap.Services, m...)
+		} else {
+			// Merged straight into the snapshot: at a start's 100k services
+			// a merged copy per service was garbage the first sync made.
+			snap.Services = appendWithEndpoints(snap.Services, t.services[key].ports, t.slicesOf(key))
+		}
+		all, kept := true, start
+		for i := start; i < len(snap.Services); i++ {
+			if t.skip[snap.Services[i].Name] {
 				all = false
 				continue
 			}
-			snap.Services = append(snap.Services, sp)
+			snap.Services[kept] = snap.Services[i]
+			kept++
 		}
+		snap.Services = snap.Services[:kept]
 		if all {
 			// The snapshot's copy serves as the merged state from now on:
 			// one copy of every port, not two (neither is ever modified).
