@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -62,7 +63,10 @@ type PeerRecord struct {
 	Metric   string  `json:"metric"`
 	Value    float64 `json:"value,omitempty"`
 	Syncs    int     `json:"syncs,omitempty"` // samples the step added to the histogram
-	Skip     string  `json:"skip,omitempty"`
+	// Samples are the runs' figures when the proxy ran several times
+	// (--peer-runs); Value is then their median.
+	Samples []float64 `json:"samples,omitempty"`
+	Skip    string    `json:"skip,omitempty"`
 }
 
 // PeerWorkload describes a workload as it was served.
@@ -94,6 +98,45 @@ func (p *PeerRun) add(workload, proxy, metric string, v float64, syncs int) {
 
 func (p *PeerRun) skip(workload, proxy, metric, why string) {
 	p.Records = append(p.Records, PeerRecord{Workload: workload, Proxy: proxy, Metric: metric, Skip: why})
+}
+
+// fold makes one record of each metric of a proxy that ran several times on
+// a workload: the median of the runs that measured it, with their figures,
+// or the first run's reason when none did.
+func (p *PeerRun) fold(workload, proxy string) {
+	var out []PeerRecord
+	at := map[string]int{} // metric → its record in out
+	runs := map[string][]PeerRecord{}
+	for _, r := range p.Records {
+		if r.Workload != workload || r.Proxy != proxy {
+			out = append(out, r)
+			continue
+		}
+		if _, ok := at[r.Metric]; !ok {
+			at[r.Metric] = len(out)
+			out = append(out, r)
+		}
+		if r.Skip == "" {
+			runs[r.Metric] = append(runs[r.Metric], r)
+		}
+	}
+	for metric, rs := range runs {
+		if len(rs) < 2 {
+			if len(rs) == 1 {
+				out[at[metric]] = rs[0]
+			}
+			continue
+		}
+		samples := make([]float64, len(rs))
+		for i, r := range rs {
+			samples[i] = r.Value
+		}
+		sorted := slices.SortedFunc(slices.Values(rs), func(a, b PeerRecord) int { return cmp.Compare(a.Value, b.Value) })
+		med := sorted[(len(sorted)-1)/2]
+		med.Samples = samples
+		out[at[metric]] = med
+	}
+	p.Records = out
 }
 
 // limitText prints the time limit as "> 5 min".

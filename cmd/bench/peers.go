@@ -143,20 +143,34 @@ func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 	e.run.Workloads = replaceWorkload(e.run.Workloads, info)
 	e.cluster, e.w = c, w
 	for _, proxy := range proxies {
-		logf("peers, %s: %s", spec.name, proxyTitle[proxy])
-		if err := e.proxy(ctx, proxy); err != nil {
-			return err
+		for run := range e.o.peerRuns {
+			logf("peers, %s: %s%s", spec.name, proxyTitle[proxy], runOf(run, e.o.peerRuns))
+			if err := e.proxy(ctx, proxy); err != nil {
+				return err
+			}
 		}
+		e.run.fold(spec.name, proxy)
 		saved()
 	}
 	if slices.Contains(proxies, proxyNftproxy) {
-		logf("peers, %s: %s", spec.name, proxyTitle[proxyAPIWatch])
-		if err := e.apiFloor(ctx); err != nil {
-			return err
+		for run := range e.o.peerRuns {
+			logf("peers, %s: %s%s", spec.name, proxyTitle[proxyAPIWatch], runOf(run, e.o.peerRuns))
+			if err := e.apiFloor(ctx); err != nil {
+				return err
+			}
 		}
+		e.run.fold(spec.name, proxyAPIWatch)
 		saved()
 	}
 	return nil
+}
+
+// runOf names run (from 0) of runs in a log line; nothing for one run.
+func runOf(run, runs int) string {
+	if runs < 2 {
+		return ""
+	}
+	return fmt.Sprintf(", run %d of %d", run+1, runs)
 }
 
 func replaceWorkload(ws []PeerWorkload, w PeerWorkload) []PeerWorkload {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -340,5 +341,40 @@ func TestProxiesFor(t *testing.T) {
 	}
 	if _, _, err := parsePeers("", "kube-proxy-ipvs", false); err == nil {
 		t.Error("unknown proxy accepted")
+	}
+}
+
+// TestPeerRunFold: several runs of a proxy become one record a metric, the
+// median of those that measured it with every run's figure; a metric no run
+// measured keeps the first reason; other proxies are left alone.
+func TestPeerRunFold(t *testing.T) {
+	p := &PeerRun{}
+	p.add("1x5000", proxyNftproxy, peerFullSync, 9, 1)
+	p.add("1x5000", proxyKubeNft, peerFullSync, 94, 1)
+	p.add("1x5000", proxyNftproxy, peerEndpoint, 1.1, 2)
+	p.skip("1x5000", proxyNftproxy, peerService, "boom")
+	p.add("1x5000", proxyNftproxy, peerFullSync, 7, 1)
+	p.add("1x5000", proxyNftproxy, peerEndpoint, 4.0, 1)
+	p.skip("1x5000", proxyNftproxy, peerService, "boom again")
+	p.add("1x5000", proxyNftproxy, peerFullSync, 12, 1)
+	p.fold("1x5000", proxyNftproxy)
+	if len(p.Records) != 4 {
+		t.Fatalf("%d records after folding, want 4: %+v", len(p.Records), p.Records)
+	}
+	full := p.find("1x5000", proxyNftproxy, peerFullSync)
+	if full.Value != 9 || !slices.Equal(full.Samples, []float64{9, 7, 12}) {
+		t.Errorf("full sync %+v, want the median 9 of 9, 7, 12", full)
+	}
+	if ep := p.find("1x5000", proxyNftproxy, peerEndpoint); ep.Value != 1.1 || ep.Syncs != 2 || len(ep.Samples) != 2 {
+		t.Errorf("endpoint %+v, want the lower middle 1.1 with its 2 syncs and both samples", ep)
+	}
+	if svc := p.find("1x5000", proxyNftproxy, peerService); svc.Skip != "boom" {
+		t.Errorf("service %+v, want the first reason", svc)
+	}
+	if kube := p.find("1x5000", proxyKubeNft, peerFullSync); kube.Value != 94 || kube.Samples != nil {
+		t.Errorf("kube-proxy's record changed: %+v", kube)
+	}
+	if got := p.cell("1x5000", proxyNftproxy, peerFullSync, fmtMS); got != "9.00 ms (median of 3, 7.00 ms–12.0 ms)" {
+		t.Errorf("cell %q", got)
 	}
 }

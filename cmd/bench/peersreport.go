@@ -59,11 +59,19 @@ func (p *PeerRun) cell(workload, proxy, metric string, format func(float64) stri
 		return "not run"
 	case r.Skip != "":
 		return "failed¹"
-	case r.Syncs > 1:
-		return fmt.Sprintf("%s (%d syncs)", format(r.Value), r.Syncs)
-	default:
+	}
+	var notes []string
+	if r.Syncs > 1 {
+		notes = append(notes, fmt.Sprintf("%d syncs", r.Syncs))
+	}
+	if len(r.Samples) > 1 {
+		lo, hi := slices.Min(r.Samples), slices.Max(r.Samples)
+		notes = append(notes, fmt.Sprintf("median of %d, %s–%s", len(r.Samples), format(lo), format(hi)))
+	}
+	if len(notes) == 0 {
 		return format(r.Value)
 	}
+	return fmt.Sprintf("%s (%s)", format(r.Value), strings.Join(notes, "; "))
 }
 
 // fastestKube returns the smallest figure of kube-proxy's modes and which
