@@ -391,6 +391,7 @@ func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
 	b.stats.Elements += n
 	return nil
 }
+
 func (b *batch) delElements(set string, els []nftmodel.Element) error {
 	return b.elements(set, els, false)
 }
