@@ -259,6 +259,7 @@ func BenchmarkKernelSync(b *testing.B) {
 		{name: "1x5000-etp-local"},
 		{name: "1x5000-affinity"},
 		{name: "zipf10k"},
+		{name: "10x1000"},
 	}
 	workloads[0].snap = wideSnapshot(5000)
 	workloads[0].next = withWideEndpointReplaced(workloads[0].snap, 2500, 1<<20)
@@ -274,6 +275,16 @@ func BenchmarkKernelSync(b *testing.B) {
 	workloads[2].next = withEndpointChanged(workloads[2].snap, 5000, 1<<20)
 	workloads[5].snap = zipfSnapshot(10000)
 	workloads[5].next = withEndpointChanged(workloads[5].snap, widest(workloads[5].snap), 1<<22)
+	workloads[6].snap = zipfSnapshot(0)
+	for i := range 10 {
+		sp := benchService(i)
+		sp.Endpoints = nil
+		for j := range 1000 {
+			sp.Endpoints = append(sp.Endpoints, benchEndpoint(uint32(1000*i+j+1)))
+		}
+		workloads[6].snap.Services = append(workloads[6].snap.Services, sp)
+	}
+	workloads[6].next = withEndpointChanged(workloads[6].snap, 5, 1<<22)
 	for _, w := range workloads {
 		b.Run("full/"+w.name, func(b *testing.B) {
 			ns := netns.New(b, "pxb")
