@@ -48,31 +48,29 @@ type step struct {
 }
 
 // elementsStep is one message adding or deleting checked elements of a set:
-// els, or the elements lo to hi of src.
+// the elements lo to hi of src.
 type elementsStep struct {
 	set    *nftables.Set
 	enc    *elementEncoder
-	els    []nftmodel.Element
 	src    nftmodel.ElementSource
 	lo, hi int
 	add    bool
 }
 
-// each calls f with each of the step's elements; one made by a source is
-// valid until the next call.
+// each calls f with each of the step's elements, valid until the next call.
 func (e *elementsStep) each(f func(i int, el *nftmodel.Element)) {
-	if e.src == nil {
-		for i := range e.els {
-			f(i, &e.els[i])
-		}
-		return
-	}
 	var el nftmodel.Element
 	for i := e.lo; i < e.hi; i++ {
 		e.src.Element(i, &el)
 		f(i-e.lo, &el)
 	}
 }
+
+// listSource gives the elements of a list as a source, in place.
+type listSource []nftmodel.Element
+
+func (l listSource) Len() int                           { return len(l) }
+func (l listSource) Element(i int, e *nftmodel.Element) { *e = l[i] }
 
 // newBatch plans a transaction on the table (f, table).
 func newBatch(conn *Conn, f nftmodel.Family, table string) *batch {
@@ -338,21 +336,39 @@ func modelTypeList(magic uint32) ([]nftmodel.DataType, error) {
 }
 
 func (b *batch) addElements(set string, els []nftmodel.Element) error {
-	return b.elements(set, els, true)
+	if s := b.types[set]; s != nil && s.Interval {
+		// nft lists an interval set's elements in the order they came,
+		// not sorted: sent sorted, a set filled at once lists as rendered.
+		// (Checked first: sorting reads every part of every key.)
+		enc := newElementEncoder(s.Key, s.Data, false, true)
+		for i := range els {
+			if err := enc.check(&els[i]); err != nil {
+				return fmt.Errorf("change elements of set %s: %w", set, err)
+			}
+		}
+		els = nftmodel.SortedElements(&nftmodel.Set{Key: s.Key, Elements: els})
+	}
+	return b.elements(set, listSource(els), true)
 }
 
-// addSetElements adds a set's elements, from its source when it has one.
+// addSetElements adds a set's elements, made by its source when it has
+// one.
 func (b *batch) addSetElements(s *nftmodel.Set) error {
 	if s.Source == nil || s.Interval {
 		return b.addElements(s.Name, s.All())
 	}
-	return b.sourceElements(s.Name, s.Source)
+	return b.elements(s.Name, s.Source, true)
 }
 
-// sourceElements plans the additions of a source's elements as elements
-// does, made one at a time: checked and sized now, encoded when the batch
-// is written, never held.
-func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
+func (b *batch) delElements(set string, els []nftmodel.Element) error {
+	return b.elements(set, listSource(els), false)
+}
+
+// elements plans element additions or deletions in chunks that each fit one
+// message (a netlink attribute can't describe more than 64 KiB). A source's
+// elements are checked and sized now and made again when the batch is
+// written, never held: a full sync's thousands stay out of the model.
+func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error {
 	n := src.Len()
 	if n == 0 {
 		return nil
@@ -361,7 +377,15 @@ func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
 	if s == nil || ls == nil {
 		return fmt.Errorf("change elements of set %s: set unknown to this batch", set)
 	}
-	enc := newElementEncoder(s.Key, s.Data, s.IsVerdictMap(), false)
+	data := s.Data
+	if !add {
+		data = nil // a deletion names keys only
+	}
+	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap(), s.Interval)
+	verb := "add"
+	if !add {
+		verb = "delete"
+	}
 	var el nftmodel.Element
 	render := func(i int) string {
 		src.Element(i, &el)
@@ -369,9 +393,9 @@ func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
 	}
 	plan := func(lo, hi int) {
 		b.steps = append(b.steps, step{
-			what:     fmt.Sprintf("add %d elements of set %s (%s … %s)", hi-lo, set, render(lo), render(hi-1)),
+			what:     fmt.Sprintf("%s %d elements of set %s (%s … %s)", verb, hi-lo, set, render(lo), render(hi-1)),
 			msgs:     1,
-			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, add: true},
+			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, add: add},
 		})
 	}
 	start, total := 0, 0
@@ -389,51 +413,6 @@ func (b *batch) sourceElements(set string, src nftmodel.ElementSource) error {
 	}
 	plan(start, n)
 	b.stats.Elements += n
-	return nil
-}
-
-func (b *batch) delElements(set string, els []nftmodel.Element) error {
-	return b.elements(set, els, false)
-}
-
-// elements plans element additions or deletions in chunks that each fit one
-// message (a netlink attribute can't describe more than 64 KiB).
-func (b *batch) elements(set string, els []nftmodel.Element, add bool) error {
-	if len(els) == 0 {
-		return nil
-	}
-	s, ls := b.types[set], b.sets[set]
-	if s == nil || ls == nil {
-		return fmt.Errorf("change elements of set %s: set unknown to this batch", set)
-	}
-	data := s.Data
-	if !add {
-		data = nil // a deletion names keys only
-	}
-	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap(), s.Interval)
-	for i := range els {
-		if err := enc.check(&els[i]); err != nil {
-			return fmt.Errorf("change elements of set %s: %w", set, err)
-		}
-	}
-	if add && s.Interval {
-		// nft lists an interval set's elements in the order they came,
-		// not sorted: sent sorted, a set filled at once lists as rendered.
-		els = nftmodel.SortedElements(&nftmodel.Set{Key: s.Key, Elements: els})
-	}
-	verb := "add"
-	if !add {
-		verb = "delete"
-	}
-	for _, chunk := range enc.chunks(els, maxChunkElements, maxChunkBytes) {
-		b.steps = append(b.steps, step{
-			what: fmt.Sprintf("%s %d elements of set %s (%s … %s)",
-				verb, len(chunk), set, nftmodel.RenderValues(s.Key, chunk[0].Key), nftmodel.RenderValues(s.Key, chunk[len(chunk)-1].Key)),
-			msgs:     1,
-			elements: &elementsStep{set: ls, enc: enc, els: chunk, add: add},
-		})
-	}
-	b.stats.Elements += len(els)
 	return nil
 }
 

@@ -615,7 +615,7 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 			want := r.lastBatch()[1]
 
 			w := &wire{}
-			step := &elementsStep{set: ls, enc: enc, els: tt.els, add: tt.add}
+			step := &elementsStep{set: ls, enc: enc, src: listSource(tt.els), hi: len(tt.els), add: tt.add}
 			w.elements(tt.family, table.Name, step)
 			if got := step.size(table.Name); got != len(w.buf) {
 				t.Errorf("size = %d, wrote %d bytes", got, len(w.buf))

@@ -188,10 +188,6 @@ func (enc *elementEncoder) sizeWithoutEnd(e *nftmodel.Element) int {
 	return encodedElementSize(enc.keyLen, 0, false, "", e.Comment)
 }
 
-// chunks splits checked elements into runs that each fit one message.
-func (enc *elementEncoder) chunks(els []nftmodel.Element, maxCount, maxBytes int) [][]nftmodel.Element {
-	return splitChunks(els, enc.size, maxCount, maxBytes)
-}
 
 // elementSize is the encoded size of one element in an element list, as
 // google/nftables marshals it (attribute headers included).
