@@ -188,7 +188,6 @@ func (enc *elementEncoder) sizeWithoutEnd(e *nftmodel.Element) int {
 	return encodedElementSize(enc.keyLen, 0, false, "", e.Comment)
 }
 
-
 // elementSize is the encoded size of one element in an element list, as
 // google/nftables marshals it (attribute headers included).
 func elementSize(e *nftables.SetElement) int {
