@@ -48,12 +48,13 @@ type step struct {
 }
 
 // elementsStep is one message adding or deleting checked elements of a set:
-// the elements lo to hi of src.
+// the elements lo to hi of src, bytes long encoded (as planned).
 type elementsStep struct {
 	set    *nftables.Set
 	enc    *elementEncoder
 	src    nftmodel.ElementSource
 	lo, hi int
+	bytes  int
 	add    bool
 }
 
@@ -391,11 +392,11 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 		src.Element(i, &el)
 		return nftmodel.RenderValues(s.Key, el.Key)
 	}
-	plan := func(lo, hi int) {
+	plan := func(lo, hi, bytes int) {
 		b.steps = append(b.steps, step{
 			what:     fmt.Sprintf("%s %d elements of set %s (%s … %s)", verb, hi-lo, set, render(lo), render(hi-1)),
 			msgs:     1,
-			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, add: add},
+			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, bytes: bytes, add: add},
 		})
 	}
 	start, total := 0, 0
@@ -406,12 +407,12 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 		}
 		size := enc.size(&el)
 		if i > start && (i-start >= maxChunkElements || total+size > maxChunkBytes) {
-			plan(start, i)
+			plan(start, i, total)
 			start, total = i, 0
 		}
 		total += size
 	}
-	plan(start, n)
+	plan(start, n, total)
 	b.stats.Elements += n
 	return nil
 }

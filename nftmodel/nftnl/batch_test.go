@@ -615,7 +615,11 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 			want := r.lastBatch()[1]
 
 			w := &wire{}
-			step := &elementsStep{set: ls, enc: enc, src: listSource(tt.els), hi: len(tt.els), add: tt.add}
+			bytes := 0
+			for i := range tt.els {
+				bytes += enc.size(&tt.els[i])
+			}
+			step := &elementsStep{set: ls, enc: enc, src: listSource(tt.els), hi: len(tt.els), bytes: bytes, add: tt.add}
 			w.elements(tt.family, table.Name, step)
 			if got := step.size(table.Name); got != len(w.buf) {
 				t.Errorf("size = %d, wrote %d bytes", got, len(w.buf))

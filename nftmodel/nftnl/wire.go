@@ -139,9 +139,7 @@ func batchEdgeSize(genID uint32) int {
 
 // size is the size of the message wire.elements writes for e.
 func (e *elementsStep) size(table string) int {
-	n := nlmsgHeaderLen + 4 + attrSize(len(e.set.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
-	e.each(func(_ int, el *nftmodel.Element) { n += e.enc.size(el) })
-	return n
+	return nlmsgHeaderLen + 4 + attrSize(len(e.set.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen + e.bytes
 }
 
 // elements writes one message adding or deleting the checked elements of a
