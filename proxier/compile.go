@@ -125,7 +125,7 @@ func compileWithSlots(snap *k8s.Snapshot, cfg Config, prev Slots) *m.Ruleset {
 	for i := range snap.Services {
 		pieces[i] = c.piece(&snap.Services[i])
 	}
-	return c.assemble(pieces)
+	return m.Materialized(c.assemble(pieces))
 }
 
 // piece is what one service port adds to a family's ruleset. Compile
@@ -546,25 +546,17 @@ func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 }
 
 // assemble builds the ruleset out of the pieces of every service port, in
-// service order.
-func (c *compiler) assemble(pieces []*piece) *m.Ruleset { return c.assembleAs(pieces, false) }
-
-// assembleAs is assemble; lazy leaves the elements of the endpoint maps and
-// of the hairpin and cluster-IP sets to sources (m.Set.Source) that make
-// them while a full apply encodes its batch: they are most of a table's
-// elements, and held as a model they were most of the first sync's peak.
-func (c *compiler) assembleAs(pieces []*piece, lazy bool) *m.Ruleset {
+// service order. The endpoint maps, the hairpin and the cluster-IP sets get
+// sources (m.Set.Source) that make their elements while a full apply
+// encodes its batch: they are most of a table's elements, and held as a
+// model they were most of the first sync's peak. m.Materialized holds them.
+func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 	// Counted first, so each set's elements are allocated once.
 	counts := map[*m.Set]int{}
 	nHairpin, nClusterIPs := 0, 0
 	for _, p := range pieces {
 		for _, ke := range p.elements {
 			counts[ke.set]++
-		}
-		if !lazy {
-			for _, r := range p.runs {
-				counts[r.set] += r.eps.len()
-			}
 		}
 		nHairpin += len(p.hairpin)
 		nClusterIPs += len(p.clusterIPs)
@@ -573,7 +565,8 @@ func (c *compiler) assembleAs(pieces []*piece, lazy bool) *m.Ruleset {
 	for set, n := range counts {
 		elements[set] = make([]m.Element, 0, n)
 	}
-	runs := map[*m.Set][]slotRun{}
+	// The endpoint maps always have a source, with or without runs.
+	runs := map[*m.Set][]slotRun{c.endpoints: nil, c.nodePortEndpoints: nil}
 	hairpin := make([]netip.Addr, 0, nHairpin)
 	clusterIPs := make([]netip.Addr, 0, nClusterIPs)
 	used := map[sharedObj]bool{}
@@ -582,11 +575,7 @@ func (c *compiler) assembleAs(pieces []*piece, lazy bool) *m.Ruleset {
 			elements[ke.set] = append(elements[ke.set], ke.el)
 		}
 		for _, r := range p.runs {
-			if lazy {
-				runs[r.set] = append(runs[r.set], r)
-			} else {
-				elements[r.set] = r.appendElements(elements[r.set])
-			}
+			runs[r.set] = append(runs[r.set], r)
 		}
 		hairpin = append(hairpin, p.hairpin...)
 		clusterIPs = append(clusterIPs, p.clusterIPs...)
@@ -594,16 +583,12 @@ func (c *compiler) assembleAs(pieces []*piece, lazy bool) *m.Ruleset {
 			used[o] = true
 		}
 	}
-	sources := map[*m.Set]m.ElementSource{}
-	if lazy {
-		sources[c.hairpin] = addrSource{addrs: sortedAddrs(hairpin), parts: 2}
-		sources[c.clusterIPs] = addrSource{addrs: sortedAddrs(clusterIPs), parts: 1}
-		for set, rs := range runs {
-			sources[set] = newRunSource(elements[set], rs)
-		}
-	} else {
-		elements[c.hairpin] = addrElements(hairpin, 2)
-		elements[c.clusterIPs] = addrElements(clusterIPs, 1)
+	sources := map[*m.Set]m.ElementSource{
+		c.hairpin:    addrSource{addrs: sortedAddrs(hairpin), parts: 2},
+		c.clusterIPs: addrSource{addrs: sortedAddrs(clusterIPs), parts: 1},
+	}
+	for set, rs := range runs {
+		sources[set] = newRunSource(elements[set], rs)
 	}
 	objs := slices.SortedFunc(maps.Keys(used), compareShared)
 
@@ -676,7 +661,10 @@ func (s *runSource) Element(i int, e *m.Element) {
 	*e = r.element(i-start, e.Key, e.Data)
 }
 
-// addrSource makes the elements of a set of addresses (see addrElements).
+// addrSource makes the elements of a set of addresses, each address once
+// in parts parts (hairpin's pairs, the cluster IPs), in address order: a
+// sort, not a map, is the cheap way to drop duplicates at a full sync's
+// size.
 type addrSource struct {
 	addrs []netip.Addr // sorted, each once
 	parts int
@@ -712,24 +700,6 @@ func declaredSize(decl *m.Set, n int) uint32 {
 		return 0
 	}
 	return 1 << bits.Len(uint(2*n-1))
-}
-
-// addrElements makes the elements of a set of addresses, each address once
-// in parts parts (hairpin's pairs, the cluster IPs), in address order: a
-// sort, not a map, is the cheap way to drop duplicates at a full sync's
-// size. It reorders addrs.
-func addrElements(addrs []netip.Addr, parts int) []m.Element {
-	addrs = sortedAddrs(addrs)
-	keys := make([]m.Value, len(addrs)*parts)
-	els := make([]m.Element, len(addrs))
-	for i, a := range addrs {
-		k := keys[i*parts : (i+1)*parts : (i+1)*parts]
-		for j := range k {
-			k[j] = m.A(a)
-		}
-		els[i] = m.Element{Key: k}
-	}
-	return els
 }
 
 // sortedAddrs sorts addrs in place and drops the duplicates.

@@ -71,12 +71,6 @@ func (s *incremental) keep(sp *k8s.ServicePort, p *piece) {
 // assignment prev (nil: Compile's ruleset; a full resync passes the last
 // state's, so that it moves no endpoint).
 func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *m.Ruleset) {
-	return buildIncremental(snap, cfg, prev, false)
-}
-
-// buildIncremental is newIncremental; lazy gives the ruleset element
-// sources for its large sets, as a full apply wants (see assembleAs).
-func buildIncremental(snap *k8s.Snapshot, cfg Config, prev Slots, lazy bool) (*incremental, *m.Ruleset) {
 	s := &incremental{
 		c:      newCompiler(cfg, snap),
 		shared: map[sharedObj]int{},
@@ -111,7 +105,7 @@ func buildIncremental(snap *k8s.Snapshot, cfg Config, prev Slots, lazy bool) (*i
 			s.sizes[decl] = size
 		}
 	}
-	return s, s.c.assembleAs(pieces, lazy)
+	return s, s.c.assemble(pieces)
 }
 
 // fits tells whether every set declared with a size holds no more elements

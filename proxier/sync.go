@@ -531,7 +531,7 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 			return state, stats, "delta", err
 		}
 	}
-	state, desired := buildIncremental(in.snapshot(p.ports), cfg, slots, true)
+	state, desired := newIncremental(in.snapshot(p.ports), cfg, slots)
 	// The full apply writes the counting rule anew, from zero.
 	counted := p.invalid.beforeRewrite(cfg)
 	stats, err := p.opts.Kernel.Apply(desired)
