@@ -322,8 +322,22 @@ func (s *Set) All() []Element {
 	if s.Source == nil {
 		return s.Elements
 	}
-	out := make([]Element, s.Source.Len())
+	n := s.Source.Len()
+	out := make([]Element, n)
+	var keys, data []Value
 	for i := range out {
+		if i == 1 {
+			// Made into arrays sized by the first element, one for all
+			// the keys and one for all the values: a source fills the
+			// room it is given (a longer element gets its own array).
+			keys = make([]Value, len(out[0].Key)*(n-1))
+			data = make([]Value, len(out[0].Data)*(n-1))
+		}
+		if i > 0 {
+			k, d := len(out[0].Key), len(out[0].Data)
+			j := i - 1
+			out[i].Key, out[i].Data = keys[j*k:j*k:(j+1)*k], data[j*d:j*d:(j+1)*d]
+		}
 		s.Source.Element(i, &out[i])
 	}
 	return out
