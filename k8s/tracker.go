@@ -207,17 +207,6 @@ func (t *Tracker) report(problems []error) {
 	}
 }
 
-// countInvalid counts a problem a source found and logged itself (a
-// manifest file that can't be read), as the tracker counts its own.
-func (t *Tracker) countInvalid(kind, namespace, name string, err error) {
-	t.mu.Lock()
-	t.stats.Invalid++
-	t.mu.Unlock()
-	if t.opts.OnInvalid != nil {
-		t.opts.OnInvalid(kind, namespace, name, err)
-	}
-}
-
 // SetService adds or updates a Service.
 func (t *Tracker) SetService(svc *v1.Service) {
 	t.update(func(b *batch) { t.setService(b, svc) })
@@ -274,8 +263,8 @@ func (e *Editor) DeleteSlice(namespace, name string) { e.t.deleteSlice(e.b, keyO
 // SetNode sets this node's Node object; nil forgets it.
 func (e *Editor) SetNode(node *v1.Node) { e.t.setNode(e.b, node) }
 
-// CountInvalid counts a problem the source found and logged itself, as
-// countInvalid does outside Edit.
+// CountInvalid counts a problem the source found and logged itself (a
+// manifest file that can't be read), as the tracker counts its own.
 func (e *Editor) CountInvalid(kind, namespace, name string, err error) {
 	e.b.counted = append(e.b.counted, sourceProblem{kind, namespace, name, err})
 }

@@ -344,7 +344,7 @@ func (w *dirWatcher) read(name string, now time.Time) (*manifests, bool) {
 // counts it; the file keeps the objects it last yielded.
 func (w *dirWatcher) problem(name string, err error) {
 	if w.logProblem(name, err, "Cannot load manifest file, keeping its last good objects") {
-		w.tracker.countInvalid(KindManifestFile, "", name, err)
+		w.tracker.Edit(func(e *Editor) { e.CountInvalid(KindManifestFile, "", name, err) })
 	}
 }
 
