@@ -166,6 +166,8 @@ func decodeFile(name string, data []byte) (*manifests, error) {
 	return decodeInto(&manifests{data: data}, name, data)
 }
 
+// decodeInto is decodeFile into m, whose each (when set) takes the
+// Services and EndpointSlices as they decode.
 func decodeInto(m *manifests, name string, data []byte) (*manifests, error) {
 	seen := map[string]bool{}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
