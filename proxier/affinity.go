@@ -69,16 +69,17 @@ func (a *affinityPrune) keep(el m.Element) bool {
 	return a.targets[nodePort][target]
 }
 
-// liveAffinity is the prune of a full sync: the endpoints every entry with
-// affinity may send to.
-func liveAffinity(pieces []*piece) *affinityPrune {
-	a := &affinityPrune{full: true, targets: map[affinityEntry]map[netip.AddrPort]bool{}}
-	for _, p := range pieces {
-		if p.affinity {
-			a.note(p.runs)
-		}
+// newLiveAffinity starts the prune of a full sync: the endpoints every
+// entry with affinity may send to, as live adds each piece's.
+func newLiveAffinity() *affinityPrune {
+	return &affinityPrune{full: true, targets: map[affinityEntry]map[netip.AddrPort]bool{}}
+}
+
+// live adds the endpoints p's entries with affinity may send to.
+func (a *affinityPrune) live(p *piece) {
+	if p.affinity {
+		a.note(p.runs)
 	}
-	return a
 }
 
 // removedAffinity adds to a the endpoints that the version after (nil:

@@ -45,13 +45,13 @@ func TestAffinityPrune(t *testing.T) {
 		{"update: affinity switched off removes every endpoint", removedAffinity(nil, three, plain),
 			affinityElement("192.168.77.2", "10.96.0.10", 80, "10.244.1.10:8080"), false},
 		{"update: a service without affinity before prunes nothing", removedAffinity(nil, plain, two), m.Element{}, true},
-		{"full: a live endpoint stays", liveAffinity([]*piece{two}),
+		{"full: a live endpoint stays", liveOf(two),
 			affinityElement("192.168.77.2", "10.96.0.10", 80, "10.244.1.11:8080"), true},
-		{"full: a live endpoint stays under the NodePort", liveAffinity([]*piece{two}),
+		{"full: a live endpoint stays under the NodePort", liveOf(two),
 			affinityElement("192.168.77.2", "192.168.77.1", 30080, "10.244.1.11:8080"), true},
-		{"full: an endpoint gone goes", liveAffinity([]*piece{two}),
+		{"full: an endpoint gone goes", liveOf(two),
 			affinityElement("192.168.77.2", "10.96.0.10", 80, "10.244.1.12:8080"), false},
-		{"full: an entry without affinity goes", liveAffinity([]*piece{plain}),
+		{"full: an entry without affinity goes", liveOf(plain),
 			affinityElement("192.168.77.2", "10.96.0.10", 80, "10.244.1.10:8080"), false},
 	}
 	for _, tt := range tests {
@@ -70,3 +70,10 @@ func TestAffinityPrune(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// liveOf is the prune of a full sync of p alone.
+func liveOf(p *piece) *affinityPrune {
+	a := newLiveAffinity()
+	a.live(p)
+	return a
+}

@@ -121,11 +121,7 @@ func Compile(snap *k8s.Snapshot, cfg Config) *m.Ruleset {
 func compileWithSlots(snap *k8s.Snapshot, cfg Config, prev Slots) *m.Ruleset {
 	c := newCompiler(cfg, snap)
 	c.slots = prev
-	pieces := make([]*piece, len(snap.Services))
-	for i := range snap.Services {
-		pieces[i] = c.piece(&snap.Services[i])
-	}
-	return m.Materialized(c.assemble(pieces))
+	return m.Materialized(c.assemble(snap))
 }
 
 // piece is what one service port adds to a family's ruleset. Compile
@@ -545,52 +541,87 @@ func (c *compiler) hasFamilyAddress(sp *k8s.ServicePort) bool {
 	return slices.ContainsFunc(sp.ClusterIPs, c.cfg.addrInFamily)
 }
 
-// assemble builds the ruleset out of the pieces of every service port, in
-// service order. The endpoint maps, the hairpin and the cluster-IP sets get
-// sources (m.Set.Source) that make their elements while a full apply
-// encodes its batch: they are most of a table's elements, and held as a
-// model they were most of the first sync's peak. m.Materialized holds them.
-func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
-	// Counted first, so each set's elements are allocated once.
-	counts := map[*m.Set]int{}
-	nHairpin, nClusterIPs := 0, 0
-	for _, p := range pieces {
-		for _, ke := range p.elements {
-			counts[ke.set]++
-		}
-		nHairpin += len(p.hairpin)
-		nClusterIPs += len(p.clusterIPs)
+// assembly gathers a full ruleset out of the pieces of every service port,
+// in service order, one piece at a time: what the ruleset is made of is
+// kept, the rest of each piece is garbage at once, so that a full sync never
+// holds every piece (at 100,000 services they were 73 MB of its peak). The
+// endpoint maps, the hairpin and the cluster-IP sets get sources
+// (m.Set.Source) that make their elements while a full apply encodes its
+// batch: they are most of a table's elements, and held as a model they were
+// most of the first sync's peak. m.Materialized holds them.
+type assembly struct {
+	c          *compiler
+	elements   map[*m.Set][]m.Element
+	runs       map[*m.Set][]slotRun
+	hairpin    []netip.Addr
+	clusterIPs []netip.Addr
+	used       map[sharedObj]bool
+}
+
+// newAssembly starts the ruleset of snap, its lists sized from the
+// snapshot so that they are allocated once.
+func (c *compiler) newAssembly(snap *k8s.Snapshot) *assembly {
+	hint := c.sizeHint(snap)
+	return &assembly{
+		c:        c,
+		elements: map[*m.Set][]m.Element{c.serviceIPs: make([]m.Element, 0, hint.ports)},
+		// The endpoint maps always have a source, with or without runs.
+		runs:       map[*m.Set][]slotRun{c.endpoints: make([]slotRun, 0, hint.ports), c.nodePortEndpoints: nil},
+		hairpin:    make([]netip.Addr, 0, hint.endpoints),
+		clusterIPs: make([]netip.Addr, 0, hint.clusterIPs),
+		used:       map[sharedObj]bool{},
 	}
-	elements := make(map[*m.Set][]m.Element, len(counts))
-	for set, n := range counts {
-		elements[set] = make([]m.Element, 0, n)
+}
+
+// sizeHint is what the pieces of snap hold at most, summed: the service
+// ports with an address of the family, their ClusterIPs and their
+// endpoints of the family.
+type sizeHint struct{ ports, clusterIPs, endpoints int }
+
+func (c *compiler) sizeHint(snap *k8s.Snapshot) sizeHint {
+	var h sizeHint
+	for i := range snap.Services {
+		sp := &snap.Services[i]
+		if !c.hasFamilyAddress(sp) {
+			continue
+		}
+		h.ports++
+		h.clusterIPs += len(sp.ClusterIPs)
+		for j := range sp.Endpoints {
+			if c.cfg.addrInFamily(sp.Endpoints[j].Addr) {
+				h.endpoints++
+			}
+		}
 	}
-	// The endpoint maps always have a source, with or without runs.
-	runs := map[*m.Set][]slotRun{c.endpoints: nil, c.nodePortEndpoints: nil}
-	hairpin := make([]netip.Addr, 0, nHairpin)
-	clusterIPs := make([]netip.Addr, 0, nClusterIPs)
-	used := map[sharedObj]bool{}
-	for _, p := range pieces {
-		for _, ke := range p.elements {
-			elements[ke.set] = append(elements[ke.set], ke.el)
-		}
-		for _, r := range p.runs {
-			runs[r.set] = append(runs[r.set], r)
-		}
-		hairpin = append(hairpin, p.hairpin...)
-		clusterIPs = append(clusterIPs, p.clusterIPs...)
-		for _, o := range p.uses {
-			used[o] = true
-		}
+	return h
+}
+
+// add takes what the ruleset needs of one piece.
+func (a *assembly) add(p *piece) {
+	for _, ke := range p.elements {
+		a.elements[ke.set] = append(a.elements[ke.set], ke.el)
 	}
+	for _, r := range p.runs {
+		a.runs[r.set] = append(a.runs[r.set], r)
+	}
+	a.hairpin = append(a.hairpin, p.hairpin...)
+	a.clusterIPs = append(a.clusterIPs, p.clusterIPs...)
+	for _, o := range p.uses {
+		a.used[o] = true
+	}
+}
+
+// ruleset is the ruleset of the pieces added.
+func (a *assembly) ruleset() *m.Ruleset {
+	c := a.c
 	sources := map[*m.Set]m.ElementSource{
-		c.hairpin:    addrSource{addrs: sortedAddrs(hairpin), parts: 2},
-		c.clusterIPs: addrSource{addrs: sortedAddrs(clusterIPs), parts: 1},
+		c.hairpin:    addrSource{addrs: sortedAddrs(a.hairpin), parts: 2},
+		c.clusterIPs: addrSource{addrs: sortedAddrs(a.clusterIPs), parts: 1},
 	}
-	for set, rs := range runs {
-		sources[set] = newRunSource(elements[set], rs)
+	for set, rs := range a.runs {
+		sources[set] = newRunSource(a.elements[set], rs)
 	}
-	objs := slices.SortedFunc(maps.Keys(used), compareShared)
+	objs := slices.SortedFunc(maps.Keys(a.used), compareShared)
 
 	rs := &m.Ruleset{Family: c.cfg.Family, Table: TableName}
 	withElements := func(decl *m.Set) *m.Set {
@@ -598,7 +629,7 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		if src := sources[decl]; src != nil {
 			s.Source = src
 		} else {
-			s.Elements = elements[decl]
+			s.Elements = a.elements[decl]
 		}
 		if size := declaredSize(decl, s.Len()); size > 0 {
 			s.Size = size
@@ -613,6 +644,15 @@ func (c *compiler) assemble(pieces []*piece) *m.Ruleset {
 		rs.Chains = append(rs.Chains, c.sharedChain(o))
 	}
 	return rs
+}
+
+// assemble builds the ruleset of every service port of snap.
+func (c *compiler) assemble(snap *k8s.Snapshot) *m.Ruleset {
+	a := c.newAssembly(snap)
+	for i := range snap.Services {
+		a.add(c.piece(&snap.Services[i]))
+	}
+	return a.ruleset()
 }
 
 // runSource makes the elements of an endpoint map at a full sync: the

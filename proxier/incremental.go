@@ -80,32 +80,29 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 		wide:   map[k8s.ServicePortName]compiledPiece{},
 	}
 	s.c.slots = prev
-	pieces := make([]*piece, len(snap.Services))
-	nHairpin, nClusterIPs := 0, 0
+	asm := s.c.newAssembly(snap)
+	// Sized once from the snapshot: grown one address at a time, the two
+	// maps were a full sync's largest garbage.
+	s.hairpin = make(map[netip.Addr]int, cap(asm.hairpin))
+	s.clusterIPs = make(map[netip.Addr]int, cap(asm.clusterIPs))
+	s.prune = newLiveAffinity()
+	// One piece at a time: counted, kept when wide, and assembled.
 	for i := range snap.Services {
 		p := s.c.piece(&snap.Services[i])
-		pieces[i] = p
-		nHairpin += len(p.hairpin)
-		nClusterIPs += len(p.clusterIPs)
-	}
-	// Sized once: grown one address at a time, the two maps were a full
-	// sync's largest garbage.
-	s.hairpin = make(map[netip.Addr]int, nHairpin)
-	s.clusterIPs = make(map[netip.Addr]int, nClusterIPs)
-	for i, p := range pieces {
 		s.count(p, 1)
 		s.noteSlots(nil, p)
 		s.keep(&snap.Services[i], p)
+		s.prune.live(p)
+		asm.add(p)
 	}
 	s.c.slots = s.slots
-	s.prune = liveAffinity(pieces)
 	// The sizes assemble declares, from the same counts.
 	for decl, n := range s.counts {
 		if size := declaredSize(decl, n); size > 0 {
 			s.sizes[decl] = size
 		}
 	}
-	return s, s.c.assemble(pieces)
+	return s, asm.ruleset()
 }
 
 // fits tells whether every set declared with a size holds no more elements
@@ -190,11 +187,7 @@ func (s *incremental) elements() int {
 // ruleset assembles the whole ruleset of snap, the snapshot of the last
 // update, as Compile would.
 func (s *incremental) ruleset(snap *k8s.Snapshot) *m.Ruleset {
-	pieces := make([]*piece, len(snap.Services))
-	for i := range snap.Services {
-		pieces[i] = s.c.piece(&snap.Services[i])
-	}
-	return s.c.assemble(pieces)
+	return s.c.assemble(snap)
 }
 
 // update brings the state from the last sync to the node, service CIDRs and
