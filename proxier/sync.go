@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"time"
 
@@ -73,6 +74,14 @@ type Options struct {
 	// before the first) leaves garbage several times the live heap, which
 	// would otherwise stay resident until the runtime's next collection.
 	ReleaseMemory bool
+	// FullSyncGCPercent, when positive, is the collector's target
+	// (debug.SetGCPercent) while a full sync runs on a live heap of at
+	// least leanFromHeap, the previous one restored after. A full sync
+	// allocates about what the daemon keeps, most of it for the length of
+	// the sync: at Go's default the heap grows to twice the state before
+	// the first collection, the start-up's peak. A small state's sync is
+	// left alone: there the extra collections cost more than the memory.
+	FullSyncGCPercent int
 	// OwnPort tells whether a netlink port ID is one of the sockets Kernel
 	// commits on, so that Notify can tell our commits from others'.
 	OwnPort func(port uint32) bool
@@ -246,7 +255,7 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		ch := src.TakeChanges()
 		triggers = append(triggers, ch.TriggerTimes...)
 		if full {
-			err = p.Sync(ctx, src.Snapshot(), true)
+			err = p.leanFullSync(func() error { return p.Sync(ctx, src.Snapshot(), true) })
 		} else {
 			err = p.SyncChanges(ctx, ch)
 		}
@@ -272,6 +281,32 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 		}
 		pending, full = false, false
 	}
+}
+
+// leanFromHeap is the live heap from which a full sync runs with the
+// collector at FullSyncGCPercent: about 25,000 services of 3 endpoints.
+// Below it the peak stays within 1.35 times the steady state anyway, and
+// at 10 services of 1,000 endpoints the extra collections made the first
+// sync a millisecond or two slower.
+const leanFromHeap = 64 << 20
+
+// leanFullSync runs a full sync, with the collector at FullSyncGCPercent
+// when the live heap is large.
+func (p *Proxier) leanFullSync(sync func() error) error {
+	if p.opts.FullSyncGCPercent > 0 && liveHeap() >= leanFromHeap {
+		defer debug.SetGCPercent(debug.SetGCPercent(p.opts.FullSyncGCPercent))
+	}
+	return sync()
+}
+
+// liveHeap is the heap the last collection found live.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
 
 // unchanged tells whether no nftables commit happened in the namespace since

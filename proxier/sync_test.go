@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"testing"
 
@@ -324,5 +326,60 @@ func TestSyncFullWhenASetOutgrowsItsSize(t *testing.T) {
 		if !slices.Equal(k.calls, []string{step.want}) || ep != step.endpointsSize || hp != step.hps {
 			t.Errorf("%d endpoints: kernel calls %v, sizes %d, %d; want %s, %d, %d", step.endpoints, k.calls, ep, hp, step.want, step.endpointsSize, step.hps)
 		}
+	}
+}
+
+// TestLeanFullSync: a full sync on a large heap runs with the collector at
+// FullSyncGCPercent and the previous target comes back after it, error or
+// not; zero leaves the collector alone.
+func TestLeanFullSync(t *testing.T) {
+	prev := debug.SetGCPercent(80)
+	defer debug.SetGCPercent(prev)
+	large := make([]byte, leanFromHeap)
+	runtime.GC()
+	defer runtime.KeepAlive(large)
+	for _, pct := range []int{0, 25} {
+		p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: pct})
+		var during int
+		err := p.leanFullSync(func() error {
+			// Read by setting it and putting it back.
+			during = debug.SetGCPercent(100)
+			debug.SetGCPercent(during)
+			return errors.New("boom")
+		})
+		if err == nil || err.Error() != "boom" {
+			t.Errorf("FullSyncGCPercent %d: err %v, want the sync's", pct, err)
+		}
+		want := pct
+		if pct == 0 {
+			want = 80
+		}
+		if during != want {
+			t.Errorf("FullSyncGCPercent %d: collector at %d%% during the sync, want %d%%", pct, during, want)
+		}
+		if after := debug.SetGCPercent(80); after != 80 {
+			t.Errorf("FullSyncGCPercent %d: collector at %d%% after the sync, want 80%% back", pct, after)
+		}
+	}
+}
+
+// TestLeanFullSyncSmallHeap: a small state's full sync leaves the collector
+// alone.
+func TestLeanFullSyncSmallHeap(t *testing.T) {
+	runtime.GC()
+	if liveHeap() >= leanFromHeap {
+		t.Skip("the test binary's heap is large")
+	}
+	prev := debug.SetGCPercent(80)
+	defer debug.SetGCPercent(prev)
+	p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: 25})
+	var during int
+	_ = p.leanFullSync(func() error {
+		during = debug.SetGCPercent(100)
+		debug.SetGCPercent(during)
+		return nil
+	})
+	if during != 80 {
+		t.Errorf("collector at %d%% during a small sync, want 80%% (left alone)", during)
 	}
 }
