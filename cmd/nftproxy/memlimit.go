@@ -70,9 +70,9 @@ func softLimit(memoryMax string) (int64, error) {
 // while a full sync runs: decoding 100k manifests makes garbage many times
 // the state it keeps, and at Go's default the resident peak was twice the
 // steady state before a single rule was compiled; a full sync allocates
-// about the state again (measured at 100k services × 3: peak 420 -> 382 MiB
-// beside 255 MiB steady, the sync 1.1 -> 1.9 s). Start-up takes a little
-// longer instead.
+// about the state again (at 100k services × 3 the peak fell from 420 to
+// 368–371 MiB beside 249 MiB steady; docs/design.md "Memory"). Start-up
+// takes a little longer instead.
 const loadGCPercent = 25
 
 // leanGCPercent is loadGCPercent, or 0 (leave it) when GOGC is the
