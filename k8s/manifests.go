@@ -3,6 +3,7 @@ package k8s
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,6 +145,61 @@ func readFile(dir, name string) ([]byte, error) {
 	return data, nil
 }
 
+// streamFile reads one file through decode, as it reads, and returns the
+// hash of what it read: a file's bytes are never held whole (at 100k
+// services the file is 77 MB). Like readFile, errStillWriting when the file
+// changed while it was read, which a decode error of a torn file is too.
+func streamFile(dir, name string, decode func(io.Reader) error) ([32]byte, error) {
+	path := filepath.Join(dir, name)
+	f, err := os.Open(path)
+	if err != nil {
+		return [32]byte{}, &ManifestError{File: name, Err: fmt.Errorf("read file: %w", err)}
+	}
+	defer func() { _ = f.Close() }()
+	before, err := f.Stat()
+	if err != nil {
+		return [32]byte{}, &ManifestError{File: name, Err: fmt.Errorf("stat file: %w", err)}
+	}
+	if before.IsDir() {
+		return [32]byte{}, &ManifestError{File: name, Err: fmt.Errorf("read file: %w", os.ErrNotExist)}
+	}
+	h := sha256.New()
+	r := &countingReader{r: io.TeeReader(f, h)}
+	decodeErr := decode(r)
+	if decodeErr == nil {
+		// Read to the end, for the hash and the size: the decoder may
+		// stop before trailing blank lines.
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return [32]byte{}, &ManifestError{File: name, Err: fmt.Errorf("read file: %w", err)}
+		}
+	}
+	after, err := os.Stat(path)
+	if err != nil {
+		return [32]byte{}, &ManifestError{File: name, Err: fmt.Errorf("stat file: %w", err)}
+	}
+	if !sameFile(before, after) || (decodeErr == nil && r.n != after.Size()) {
+		return [32]byte{}, &ManifestError{File: name, Err: errStillWriting}
+	}
+	if decodeErr != nil {
+		return [32]byte{}, decodeErr
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
 func sameFile(a, b os.FileInfo) bool {
 	if a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime()) {
 		return false
@@ -163,14 +219,14 @@ var strictDecoder = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableS
 // decodeFile decodes the documents of one file; an object defined twice in
 // it fails the file.
 func decodeFile(name string, data []byte) (*manifests, error) {
-	return decodeInto(&manifests{data: data}, name, data)
+	return decodeInto(&manifests{data: data}, name, bytes.NewReader(data))
 }
 
 // decodeInto is decodeFile into m, whose each (when set) takes the
 // Services and EndpointSlices as they decode.
-func decodeInto(m *manifests, name string, data []byte) (*manifests, error) {
+func decodeInto(m *manifests, name string, data io.Reader) (*manifests, error) {
 	seen := map[string]bool{}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	r := utilyaml.NewYAMLReader(bufio.NewReader(data))
 	for doc := 1; ; doc++ {
 		raw, err := r.Read()
 		if err == io.EOF {

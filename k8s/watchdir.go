@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,15 +75,19 @@ func WatchDir(ctx context.Context, dir string, tracker *Tracker, log *zap.Logger
 		_ = fsw.Close()
 		return fmt.Errorf("watch manifest directory %s: %w", dir, err)
 	}
-	w := &dirWatcher{dir: dir, tracker: tracker, log: log.With(zap.String("dir", dir)), settle: settle,
-		files: map[string]*fileState{}, owner: map[string]string{}, also: map[string][]string{},
-		logged: map[string]string{}, dups: map[string]bool{}}
+	w := newDirWatcher(dir, tracker, log.With(zap.String("dir", dir)), settle)
 	if err := w.loadAll(); err != nil {
 		_ = fsw.Close()
 		return err
 	}
 	go w.run(ctx, fsw)
 	return nil
+}
+
+func newDirWatcher(dir string, tracker *Tracker, log *zap.Logger, settle time.Duration) *dirWatcher {
+	return &dirWatcher{dir: dir, tracker: tracker, log: log, settle: settle,
+		files: map[string]*fileState{}, owner: map[string]string{}, also: map[string][]string{},
+		logged: map[string]string{}, dups: map[string]bool{}, stream: streamFile}
 }
 
 type dirWatcher struct {
@@ -102,6 +107,9 @@ type dirWatcher struct {
 	due    map[string]time.Time // files to read, and when
 	logged map[string]string    // file → the problem last logged for it
 	dups   map[string]bool      // duplicate definitions logged
+	// stream reads a file through a decoder (streamFile; tests stand in
+	// for it).
+	stream func(dir, name string, decode func(io.Reader) error) ([32]byte, error)
 }
 
 // fileState is what a file yielded when it last decoded (the keys of its
@@ -130,9 +138,9 @@ func (w *dirWatcher) loadAll() error {
 		return err
 	}
 	for _, name := range names {
-		var data []byte
+		var st *fileState
 		for try := 0; ; try++ {
-			if data, err = readFile(w.dir, name); !errors.Is(err, errStillWriting) || try == 5 {
+			if st, err = w.loadFile(name); !errors.Is(err, errStillWriting) || try == 5 {
 				break
 			}
 			time.Sleep(w.settle)
@@ -140,11 +148,7 @@ func (w *dirWatcher) loadAll() error {
 		if err != nil {
 			return err
 		}
-		st := &fileState{hash: sha256.Sum256(data), decoded: true}
 		w.files[name] = st
-		if err := w.loadFile(name, data, st); err != nil {
-			return err
-		}
 	}
 	w.tracker.Edit(w.setNode)
 	return nil
@@ -155,10 +159,13 @@ func duplicate(file, key, first string) error {
 	return &ManifestError{File: file, Err: fmt.Errorf("%s defined twice: %w (first in %s)", key, ErrDuplicate, first)}
 }
 
-// loadFile hands a file's objects over as they decode, in the first load.
-func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
+// loadFile hands a file's objects over as they decode, in the first load,
+// the file read as it decodes (w.stream). A file that changed while it was
+// read takes back what it handed over: it is read again whole.
+func (w *dirWatcher) loadFile(name string) (*fileState, error) {
 	var dup error
 	var batch []any
+	var handed []string
 	flush := func() {
 		w.tracker.Edit(func(e *Editor) {
 			for _, o := range batch {
@@ -172,33 +179,47 @@ func (w *dirWatcher) loadFile(name string, data []byte, st *fileState) error {
 		})
 		batch = batch[:0]
 	}
-	m, err := decodeInto(&manifests{each: func(o any, key string) {
+	m := &manifests{each: func(o any, key string) {
 		if first, ok := w.owner[key]; ok {
 			dup = cmp.Or(dup, duplicate(name, key, first))
 			return
 		}
 		w.owner[key] = name
+		handed = append(handed, key)
 		if batch = append(batch, o); len(batch) == 512 {
 			flush()
 		}
-	}}, name, data)
-	if err != nil {
+	}}
+	sum, err := w.stream(w.dir, name, func(r io.Reader) error {
+		_, err := decodeInto(m, name, r)
 		return err
+	})
+	if errors.Is(err, errStillWriting) {
+		batch = batch[:0]
+		w.tracker.Edit(func(e *Editor) {
+			for _, key := range handed {
+				deleteObject(e, key)
+				delete(w.owner, key)
+			}
+		})
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
 	}
 	flush()
 	if dup != nil {
-		return dup
+		return nil, dup
 	}
 	for _, n := range m.nodes {
 		key := objectKey(n)
 		if first, ok := w.owner[key]; ok {
-			return duplicate(name, key, first)
+			return nil, duplicate(name, key, first)
 		}
 		w.owner[key] = name
 	}
 	w.notes(m)
-	st.keys, st.nodes = m.keys, m.nodes
-	return nil
+	return &fileState{hash: sum, decoded: true, keys: m.keys, nodes: m.nodes}, nil
 }
 
 func (w *dirWatcher) run(ctx context.Context, fsw *fsnotify.Watcher) {

@@ -1,7 +1,10 @@
 package k8s
 
 import (
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -300,9 +303,8 @@ func TestWatcherMatchesWholeDirectory(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"b.yaml": good["b.yaml"]})
 	log, _ := observed()
 	tr := NewTracker(log, TrackerOptions{FallbackNode: Node{Name: "node-a"}})
-	w := &dirWatcher{dir: dir, tracker: tr, log: log, settle: time.Millisecond, files: map[string]*fileState{},
-		owner: map[string]string{}, also: map[string][]string{}, due: map[string]time.Time{},
-		logged: map[string]string{}, dups: map[string]bool{}}
+	w := newDirWatcher(dir, tr, log, time.Millisecond)
+	w.due = map[string]time.Time{}
 	// Duplicates across files fail the first load: one file, then others.
 	if err := w.loadAll(); err != nil {
 		t.Fatal(err)
@@ -350,5 +352,95 @@ func TestWatcherMatchesWholeDirectory(t *testing.T) {
 		if !reflect.DeepEqual(got.Services, want.Services) || !reflect.DeepEqual(got.Node, want.Node) {
 			t.Fatalf("step %d: the watcher's state\n%+v\n%+v\nthe whole directory's\n%+v\n%+v", step, got.Services, got.Node, want.Services, want.Node)
 		}
+	}
+}
+
+// TestStreamFile: a file read through its decoder gives the hash of its
+// content; one that changes while it is read is errStillWriting, and so is
+// a decode error of a file that changed meanwhile.
+func TestStreamFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"s.yaml": servicesYAML})
+	path := filepath.Join(dir, "s.yaml")
+	read := func(r io.Reader) error { _, err := decodeInto(&manifests{}, "s.yaml", r); return err }
+	sum, err := streamFile(dir, "s.yaml", read)
+	if err != nil || sum != sha256.Sum256([]byte(servicesYAML)) {
+		t.Fatalf("unchanged file: hash %x, err %v; want the content's hash", sum, err)
+	}
+	// The file is appended to halfway through the read.
+	appendHalfway := func(tail string) func(io.Reader) error {
+		return func(r io.Reader) error {
+			if _, err := r.Read(make([]byte, 16)); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			_, err = f.WriteString(tail)
+			// A later modification time, whatever the clock's grain.
+			_ = os.Chtimes(path, time.Time{}, time.Now().Add(time.Hour))
+			return errors.Join(err, f.Close(), read(r))
+		}
+	}
+	if _, err := streamFile(dir, "s.yaml", appendHalfway("\n---\n"+sliceYAML)); !errors.Is(err, errStillWriting) {
+		t.Errorf("file appended to while read: err %v, want errStillWriting", err)
+	}
+	if _, err := streamFile(dir, "s.yaml", appendHalfway("\n---\nkind: [")); !errors.Is(err, errStillWriting) {
+		t.Errorf("file broken while read: err %v, want errStillWriting, not the decode error", err)
+	}
+	writeFiles(t, dir, map[string]string{"s.yaml": "kind: ["})
+	if _, err := streamFile(dir, "s.yaml", read); err == nil || errors.Is(err, errStillWriting) {
+		t.Errorf("broken file: err %v, want its decode error", err)
+	}
+}
+
+// TestLoadFileTakesBackTornRead: a file that changed while the first load
+// read it takes back the objects it handed over, then loads again whole.
+func TestLoadFileTakesBackTornRead(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"s.yaml": servicesYAML})
+	log, _ := observed()
+	tr := NewTracker(log, TrackerOptions{})
+	w := newDirWatcher(dir, tr, log, time.Millisecond)
+	reads := 0
+	w.stream = func(dir, name string, decode func(io.Reader) error) ([32]byte, error) {
+		reads++
+		if reads == 1 {
+			// The torn read: what the file held while it was written,
+			// more objects than it holds once written (more than one
+			// batch of them, so that some reached the tracker).
+			var torn strings.Builder
+			torn.WriteString(servicesYAML + "\n---\n" + sliceYAML)
+			for i := range 600 {
+				fmt.Fprintf(&torn, "\n---\napiVersion: v1\nkind: Service\nmetadata: {name: torn-%d}\nspec: {clusterIP: 10.96.1.%d, ports: [{port: 80}]}\n", i, i%250+1)
+			}
+			if err := decode(strings.NewReader(torn.String())); err != nil {
+				return [32]byte{}, err
+			}
+			return [32]byte{}, &ManifestError{File: name, Err: errStillWriting}
+		}
+		return streamFile(dir, name, decode)
+	}
+	if err := w.loadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if reads != 2 {
+		t.Errorf("file read %d times, want 2", reads)
+	}
+	snap := tr.Snapshot()
+	if got := endpointAddrs(snap, "web"); got != "" {
+		t.Errorf("web's endpoints %q, want none: the torn read's slice taken back", got)
+	}
+	for _, sp := range snap.Services {
+		if strings.HasPrefix(sp.Name.Name, "torn-") {
+			t.Fatalf("service %s of the torn read is still there", sp.Name)
+		}
+	}
+	if _, ok := w.owner[KindEndpointSlice+" default/web-1"]; ok {
+		t.Error("the torn read's slice still has an owner")
+	}
+	if w.files["s.yaml"].hash != sha256.Sum256([]byte(servicesYAML)) {
+		t.Error("the file's hash is not its content's")
 	}
 }
