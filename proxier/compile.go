@@ -586,7 +586,11 @@ func (c *compiler) sizeHint(snap *k8s.Snapshot) sizeHint {
 			continue
 		}
 		h.ports++
-		h.clusterIPs += len(sp.ClusterIPs)
+		for _, ip := range sp.ClusterIPs {
+			if c.cfg.addrInFamily(ip) {
+				h.clusterIPs++
+			}
+		}
 		for j := range sp.Endpoints {
 			if c.cfg.addrInFamily(sp.Endpoints[j].Addr) {
 				h.endpoints++
