@@ -331,55 +331,54 @@ func TestSyncFullWhenASetOutgrowsItsSize(t *testing.T) {
 
 // TestLeanFullSync: a full sync on a large heap runs with the collector at
 // FullSyncGCPercent and the previous target comes back after it, error or
-// not; zero leaves the collector alone.
+// not; zero, or a small heap, leaves the collector alone.
 func TestLeanFullSync(t *testing.T) {
 	prev := debug.SetGCPercent(80)
 	defer debug.SetGCPercent(prev)
-	large := make([]byte, leanFromHeap)
-	runtime.GC()
-	defer runtime.KeepAlive(large)
-	for _, pct := range []int{0, 25} {
-		p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: pct})
-		var during int
-		err := p.leanFullSync(func() error {
-			// Read by setting it and putting it back.
-			during = debug.SetGCPercent(100)
-			debug.SetGCPercent(during)
-			return errors.New("boom")
-		})
-		if err == nil || err.Error() != "boom" {
-			t.Errorf("FullSyncGCPercent %d: err %v, want the sync's", pct, err)
-		}
-		want := pct
-		if pct == 0 {
-			want = 80
-		}
-		if during != want {
-			t.Errorf("FullSyncGCPercent %d: collector at %d%% during the sync, want %d%%", pct, during, want)
-		}
-		if after := debug.SetGCPercent(80); after != 80 {
-			t.Errorf("FullSyncGCPercent %d: collector at %d%% after the sync, want 80%% back", pct, after)
-		}
+	var held []byte
+	tests := []struct {
+		name  string
+		large bool // the live heap at least leanFromHeap
+		pct   int
+		want  int
+	}{
+		{"small heap", false, 25, 80},
+		{"large heap", true, 25, 25},
+		{"large heap, option unset", true, 0, 80},
 	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			held = nil
+			if tt.large {
+				held = make([]byte, leanFromHeap)
+			}
+			runtime.GC()
+			if !tt.large && liveHeap() >= leanFromHeap {
+				t.Skip("the test binary's heap is large")
+			}
+			p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: tt.pct})
+			var during int
+			err := p.leanFullSync(func() error {
+				during = gcPercent()
+				return errors.New("boom")
+			})
+			if err == nil || err.Error() != "boom" {
+				t.Errorf("err %v, want the sync's", err)
+			}
+			if during != tt.want {
+				t.Errorf("collector at %d%% during the sync, want %d%%", during, tt.want)
+			}
+			if after := gcPercent(); after != 80 {
+				t.Errorf("collector at %d%% after the sync, want 80%% back", after)
+			}
+		})
+	}
+	runtime.KeepAlive(held)
 }
 
-// TestLeanFullSyncSmallHeap: a small state's full sync leaves the collector
-// alone.
-func TestLeanFullSyncSmallHeap(t *testing.T) {
-	runtime.GC()
-	if liveHeap() >= leanFromHeap {
-		t.Skip("the test binary's heap is large")
-	}
-	prev := debug.SetGCPercent(80)
-	defer debug.SetGCPercent(prev)
-	p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: 25})
-	var during int
-	_ = p.leanFullSync(func() error {
-		during = debug.SetGCPercent(100)
-		debug.SetGCPercent(during)
-		return nil
-	})
-	if during != 80 {
-		t.Errorf("collector at %d%% during a small sync, want 80%% (left alone)", during)
-	}
+// gcPercent reads the collector's target, by setting it and putting it back.
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
 }
