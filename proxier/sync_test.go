@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"testing"
@@ -329,56 +329,50 @@ func TestSyncFullWhenASetOutgrowsItsSize(t *testing.T) {
 	}
 }
 
-// TestLeanFullSync: a full sync on a large heap runs with the collector at
-// FullSyncGCPercent and the previous target comes back after it, error or
-// not; zero, or a small heap, leaves the collector alone.
+// TestLeanFullSync: a full sync runs under a soft memory limit of
+// FullSyncMemoryFactor times what the runtime holds, and the previous limit
+// comes back after it, error or not; zero leaves the limit alone, and so
+// does a lower limit already set (it is never raised).
 func TestLeanFullSync(t *testing.T) {
-	prev := debug.SetGCPercent(80)
-	defer debug.SetGCPercent(prev)
-	var held []byte
+	const none = math.MaxInt64
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
 	tests := []struct {
-		name  string
-		large bool // the live heap at least leanFromHeap
-		pct   int
-		want  int
+		name   string
+		before int64 // the limit set before the sync
+		factor float64
+		lean   bool // the sync runs under factor times what the runtime holds
 	}{
-		{"small heap", false, 25, 80},
-		{"large heap", true, 25, 25},
-		{"large heap, option unset", true, 0, 80},
+		{"no limit before", none, 1.4, true},
+		{"option unset", none, 0, false},
+		{"a lower limit before", 1 << 20, 1.4, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			held = nil
-			if tt.large {
-				held = make([]byte, leanFromHeap)
-			}
-			runtime.GC()
-			if !tt.large && liveHeap() >= leanFromHeap {
-				t.Skip("the test binary's heap is large")
-			}
-			p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncGCPercent: tt.pct})
-			var during int
+			debug.SetMemoryLimit(tt.before)
+			p := New(Options{Configs: []Config{{Family: m.IPv4}}, FullSyncMemoryFactor: tt.factor})
+			var during int64
+			var held uint64
 			err := p.leanFullSync(func() error {
-				during = gcPercent()
+				during, held = debug.SetMemoryLimit(-1), heldMemory()
 				return errors.New("boom")
 			})
 			if err == nil || err.Error() != "boom" {
 				t.Errorf("err %v, want the sync's", err)
 			}
-			if during != tt.want {
-				t.Errorf("collector at %d%% during the sync, want %d%%", during, tt.want)
+			switch {
+			case !tt.lean && during != tt.before:
+				t.Errorf("limit %d during the sync, want %d (left alone)", during, tt.before)
+			case tt.lean:
+				want := max(int64(float64(held)*tt.factor), int64(held)+leanHeadroom)
+				if during < want*9/10 || during > want*11/10 {
+					t.Errorf("limit %d MiB during the sync, want about %d MiB (%.1f times the %d MiB held, or %d MiB more)",
+						during>>20, want>>20, tt.factor, held>>20, leanHeadroom>>20)
+				}
 			}
-			if after := gcPercent(); after != 80 {
-				t.Errorf("collector at %d%% after the sync, want 80%% back", after)
+			if after := debug.SetMemoryLimit(-1); after != tt.before {
+				t.Errorf("limit %d after the sync, want %d back", after, tt.before)
 			}
 		})
 	}
-	runtime.KeepAlive(held)
-}
-
-// gcPercent reads the collector's target, by setting it and putting it back.
-func gcPercent() int {
-	p := debug.SetGCPercent(100)
-	debug.SetGCPercent(p)
-	return p
 }

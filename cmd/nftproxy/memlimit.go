@@ -72,29 +72,34 @@ func softLimit(memoryMax string) (int64, error) {
 // single rule was compiled. Start-up takes a little longer instead.
 const loadGCPercent = 25
 
-// syncGCPercent is the collector's target while a full sync of a large
-// state runs (proxier.Options.FullSyncGCPercent): such a sync allocates
-// about the state again, most of it live until the batch is sent, and at
-// Go's default the heap grew to twice the state before the sync's first
-// collection. At 100k services × 3 (docs/design.md "Memory"): peak 420 MiB
-// at 100%, 368–371 at 25%, 343 at 12% beside 248 MiB steady; the sync
-// 1.25 s at 25%, 1.49 s at 12%.
-const syncGCPercent = 12
+// syncMemoryFactor bounds a full sync's memory (proxier.Options.
+// FullSyncMemoryFactor) to 1.4 times what the runtime holds as it starts:
+// a sync leaves at least the state it found, so the peak stays within 1.4
+// times the state after it. At 100k services × 3 the peak fell from 420 to
+// 317 MiB beside 245 MiB steady (docs/design.md "Memory"); a sync whose
+// heap stays below costs nothing more (10k × 3 through the API server).
+const syncMemoryFactor = 1.4
 
 // leanGCPercent is loadGCPercent, or 0 (leave it) when GOGC is the
 // operator's choice.
-func leanGCPercent() int { return unlessGOGC(loadGCPercent) }
-
-// fullSyncGCPercent is syncGCPercent, or 0 when GOGC is the operator's
-// choice.
-func fullSyncGCPercent() int { return unlessGOGC(syncGCPercent) }
-
-func unlessGOGC(pct int) int {
-	if os.Getenv("GOGC") != "" {
+func leanGCPercent() int {
+	if gogcSet() {
 		return 0
 	}
-	return pct
+	return loadGCPercent
 }
+
+// fullSyncMemoryFactor is syncMemoryFactor, or 0 (none) when GOGC is the
+// operator's choice.
+func fullSyncMemoryFactor() float64 {
+	if gogcSet() {
+		return 0
+	}
+	return syncMemoryFactor
+}
+
+// gogcSet tells whether the operator tuned the collector with GOGC.
+func gogcSet() bool { return os.Getenv("GOGC") != "" }
 
 // leanLoad runs load with the collector at leanGCPercent, then gives the
 // load's garbage back to the OS so that the first sync starts from what the

@@ -94,7 +94,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
 		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
-		ReleaseMemory: true, FullSyncGCPercent: fullSyncGCPercent()}
+		ReleaseMemory: true, FullSyncMemoryFactor: fullSyncMemoryFactor()}
 	if o.conntrack {
 		ct, err := conntrack.Dial(0)
 		if err != nil {
