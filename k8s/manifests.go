@@ -70,7 +70,7 @@ func LoadDir(dir string) ([]*v1.Service, []*discoveryv1.EndpointSlice, []*v1.Nod
 	}
 	files := map[string]*manifests{}
 	for _, name := range names {
-		data, err := readFile(dir, name)
+		data, _, err := readFile(dir, name)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -119,36 +119,28 @@ func scanDir(dir string) ([]string, error) {
 	return out, nil
 }
 
-// readFile reads one file; errStillWriting when it changed while it was
-// read (size, modification time or inode), so that content is not taken
-// for the whole file.
-func readFile(dir, name string) ([]byte, error) {
-	path := filepath.Join(dir, name)
-	before, err := os.Stat(path)
+// readFile reads one file whole, with the hash of its content;
+// errStillWriting when it changed while it was read (size, modification
+// time or inode), so that content is not taken for the whole file.
+func readFile(dir, name string) ([]byte, [32]byte, error) {
+	var buf bytes.Buffer
+	sum, err := streamFile(dir, name, func(r io.Reader) error {
+		if _, err := buf.ReadFrom(r); err != nil {
+			return &ManifestError{File: name, Err: fmt.Errorf("read file: %w", err)}
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, &ManifestError{File: name, Err: fmt.Errorf("stat file: %w", err)}
+		return nil, sum, err
 	}
-	if before.IsDir() {
-		return nil, &ManifestError{File: name, Err: fmt.Errorf("read file: %w", os.ErrNotExist)}
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, &ManifestError{File: name, Err: fmt.Errorf("read file: %w", err)}
-	}
-	after, err := os.Stat(path)
-	if err != nil {
-		return nil, &ManifestError{File: name, Err: fmt.Errorf("stat file: %w", err)}
-	}
-	if !sameFile(before, after) || int64(len(data)) != after.Size() {
-		return nil, &ManifestError{File: name, Err: errStillWriting}
-	}
-	return data, nil
+	return buf.Bytes(), sum, nil
 }
 
 // streamFile reads one file through decode, as it reads, and returns the
 // hash of what it read: a file's bytes are never held whole (at 100k
-// services the file is 77 MB). Like readFile, errStillWriting when the file
-// changed while it was read, which a decode error of a torn file is too.
+// services the file is 77 MB). errStillWriting when the file changed while
+// it was read (size, modification time or inode), which a decode error of a
+// torn file is too.
 func streamFile(dir, name string, decode func(io.Reader) error) ([32]byte, error) {
 	path := filepath.Join(dir, name)
 	f, err := os.Open(path)

@@ -3,7 +3,6 @@ package k8s
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -322,7 +321,7 @@ func (w *dirWatcher) readDue(now time.Time) {
 // read reads one file and tells whether what it yields changed, and to
 // what: nil when the file is gone.
 func (w *dirWatcher) read(name string, now time.Time) (*manifests, bool) {
-	data, err := readFile(w.dir, name)
+	data, sum, err := readFile(w.dir, name)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		delete(w.logged, name)
@@ -343,7 +342,6 @@ func (w *dirWatcher) read(name string, now time.Time) (*manifests, bool) {
 		st = &fileState{}
 		w.files[name] = st
 	}
-	sum := sha256.Sum256(data)
 	if sum == st.hash && (st.decoded || w.logged[name] != "") {
 		return nil, false // read before, and nothing changed
 	}
@@ -506,7 +504,7 @@ func (w *dirWatcher) keepGood(changed map[string]*manifests) {
 			// An earlier file defines one of its objects now: its content
 			// is its last good one unless it changed since.
 			// (Nothing logged for it: what was last read of it decoded.)
-			if data, err := readFile(w.dir, name); err == nil && w.logged[name] == "" && sha256.Sum256(data) == st.hash {
+			if data, sum, err := readFile(w.dir, name); err == nil && w.logged[name] == "" && sum == st.hash {
 				st.good = data
 			}
 		}
@@ -522,11 +520,11 @@ func (w *dirWatcher) reread(e *Editor, name string) *manifests {
 			return m
 		}
 	}
-	data, err := readFile(w.dir, name)
+	data, sum, err := readFile(w.dir, name)
 	if err == nil {
 		var m *manifests
 		if m, err = decodeFile(name, data); err == nil {
-			w.files[name].hash = sha256.Sum256(data)
+			w.files[name].hash = sum
 			return m
 		}
 	}
