@@ -560,10 +560,9 @@ type assembly struct {
 	used       map[sharedObj]bool
 }
 
-// newAssembly starts the ruleset of snap, its lists sized from the
-// snapshot so that they are allocated once.
-func (c *compiler) newAssembly(snap *k8s.Snapshot) *assembly {
-	hint := c.sizeHint(snap)
+// newAssembly starts a ruleset, its lists sized from the snapshot's hint
+// so that they are allocated once.
+func (c *compiler) newAssembly(hint sizeHint) *assembly {
 	return &assembly{
 		c:        c,
 		elements: map[*m.Set][]m.Element{c.serviceIPs: make([]m.Element, 0, hint.ports)},
@@ -654,7 +653,7 @@ func (a *assembly) ruleset() *m.Ruleset {
 
 // assemble builds the ruleset of every service port of snap.
 func (c *compiler) assemble(snap *k8s.Snapshot) *m.Ruleset {
-	a := c.newAssembly(snap)
+	a := c.newAssembly(c.sizeHint(snap))
 	for i := range snap.Services {
 		a.add(c.piece(&snap.Services[i]))
 	}

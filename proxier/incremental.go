@@ -80,11 +80,12 @@ func newIncremental(snap *k8s.Snapshot, cfg Config, prev Slots) (*incremental, *
 		wide:   map[k8s.ServicePortName]compiledPiece{},
 	}
 	s.c.slots = prev
-	asm := s.c.newAssembly(snap)
+	hint := s.c.sizeHint(snap)
+	asm := s.c.newAssembly(hint)
 	// Sized once from the snapshot: grown one address at a time, the two
 	// maps were a full sync's largest garbage.
-	s.hairpin = make(map[netip.Addr]int, cap(asm.hairpin))
-	s.clusterIPs = make(map[netip.Addr]int, cap(asm.clusterIPs))
+	s.hairpin = make(map[netip.Addr]int, hint.endpoints)
+	s.clusterIPs = make(map[netip.Addr]int, hint.clusterIPs)
 	s.prune = newLiveAffinity()
 	// One piece at a time: counted, kept when wide, and assembled.
 	for i := range snap.Services {
