@@ -121,19 +121,22 @@ func BenchmarkDiff(b *testing.B) {
 }
 
 // BenchmarkSync is the user-space share of the daemon's sync of one change
-// with n services applied: Proxier.Sync with a kernel that takes the changes
-// and does nothing. Each iteration flips between two snapshots, so every
-// sync carries a real change: one endpoint of one service changed, or one
-// service added (and, flipping back, removed).
+// with n services applied: Proxier.SyncChanges, given the changed service
+// port as the tracker hands it over, with a kernel that takes the changes and
+// does nothing. Each iteration flips between two states, so every sync
+// carries a real change: one endpoint of one service changed, or one service
+// added (and, flipping back, removed).
 func BenchmarkSync(b *testing.B) {
 	for _, n := range benchSizes {
 		snap := benchSnapshot(n)
+		changed := withEndpointChanged(snap, n/2, 1<<20)
+		added := withServiceAdded(snap)
 		cases := []struct {
-			name string
-			next *k8s.Snapshot
+			name   string
+			states [2]k8s.Changes
 		}{
-			{"endpoint-changed", withEndpointChanged(snap, n/2, 1<<20)},
-			{"service-added", withServiceAdded(snap)},
+			{"endpoint-changed", [2]k8s.Changes{portChanged(changed, n/2), portChanged(snap, n/2)}},
+			{"service-added", [2]k8s.Changes{portChanged(added, n), portGone(snap, added.Services[n].Name)}},
 		}
 		for _, c := range cases {
 			b.Run(fmt.Sprintf("%s/services=%d", c.name, n), func(b *testing.B) {
@@ -142,11 +145,10 @@ func BenchmarkSync(b *testing.B) {
 				if err := p.Sync(context.Background(), snap, true); err != nil {
 					b.Fatal(err)
 				}
-				snaps := [2]*k8s.Snapshot{c.next, snap}
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
-					if err := p.Sync(context.Background(), snaps[i%2], false); err != nil {
+					if err := p.SyncChanges(context.Background(), c.states[i%2]); err != nil {
 						b.Fatal(err)
 					}
 					i++
@@ -157,6 +159,19 @@ func BenchmarkSync(b *testing.B) {
 			})
 		}
 	}
+}
+
+// portChanged is what the tracker hands over when service port i of snap
+// changed.
+func portChanged(snap *k8s.Snapshot, i int) k8s.Changes {
+	return k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{snap.Services[i].Name: &snap.Services[i]},
+		Node: snap.Node, ServiceCIDRs: snap.ServiceCIDRs}
+}
+
+// portGone is what the tracker hands over when a service port of snap went.
+func portGone(snap *k8s.Snapshot, name k8s.ServicePortName) k8s.Changes {
+	return k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{name: nil},
+		Node: snap.Node, ServiceCIDRs: snap.ServiceCIDRs}
 }
 
 // nopKernel counts what it is asked to apply.

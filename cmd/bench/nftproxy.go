@@ -249,13 +249,17 @@ func (u *updater) serviceAdded() change {
 	return change{withServiceAdded(u.snap, i), i}
 }
 
-// viaSync is the daemon's sync of a change: proxier.Sync, which recompiles
-// the service ports that changed and sends their changes in one batch. It
-// returns the user-space and the netlink share.
+// viaSync is the daemon's sync of a change: proxier.SyncChanges with the
+// service port that changed, as the tracker hands it over, which recompiles
+// that port and sends its changes in one batch. It returns the user-space and
+// the netlink share.
 func (u *updater) viaSync(c change) (user, apply time.Duration, err error) {
+	sp := &c.snap.Services[c.service]
+	ch := k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{sp.Name: sp},
+		Node: c.snap.Node, ServiceCIDRs: c.snap.ServiceCIDRs}
 	before := u.kernel.changes
 	start := time.Now()
-	if err := u.proxier.Sync(context.Background(), c.snap, false); err != nil {
+	if err := u.proxier.SyncChanges(context.Background(), ch); err != nil {
 		return 0, 0, err
 	}
 	took := time.Since(start)

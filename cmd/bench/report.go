@@ -252,7 +252,7 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 
 	p("## Incremental updates\n\n")
 	p("With N services loaded, one change at a time, each starting from the state the previous one left. ")
-	p("*nftproxy* is what the daemon does on every change: `proxier.Sync` with the new snapshot, which walks it beside the last snapshot once, compiles only the service ports that changed (old and new version), and sends their changes in one batch (`nftnl.ApplyChanges`) over a lasting netlink connection (`nftnl.Dial`); its user-space share (*nftproxy compile*) and its netlink share follow. ")
+	p("*nftproxy* is what the daemon does on every change: `proxier.SyncChanges` with the service port that changed, as the tracker hands it over, which compiles that port alone (old and new version) and sends its changes in one batch (`nftnl.ApplyChanges`) over a lasting netlink connection (`nftnl.Dial`); its user-space share (*nftproxy compile*) and its netlink share follow. ")
 	p("*full compile + diff* is the path the incremental compiler replaced, kept for comparison: `proxier.Compile` of the whole new snapshot, `nftmodel.Diff` against the whole applied ruleset, the same `ApplyChanges`. ")
 	p("*nft -f* sends the same diff as an nft script through the nft binary; building the diff and the script is not timed, so compare it with the *nftproxy netlink* column: both are only the trip to the kernel. ")
 	p("For iptables, *restore* is kube-proxy's full sync (every chain rewritten, `--noflush`) and *--noflush* its partial sync (the top-level chains, `KUBE-SERVICES` with its N rules included, plus the changed service's chains). ")
@@ -384,7 +384,7 @@ func (r *Results) writeGoBench(p func(string, ...any), b *strings.Builder) {
 		return
 	}
 	p("## Go benchmarks\n\n")
-	p("`go test -run '^$' -bench . -benchmem -benchtime 3x ./proxier/` (in `proxier/bench_test.go`, same services as above): the user-space share of a sync. *Compile* is a full sync's compile; *Diff* compares two whole compiled rulesets (kept for tools and tests; the daemon no longer diffs whole rulesets); *Sync* is `proxier.Sync` of one change with a kernel that does nothing — the incremental compiler's whole share of an update.\n\n")
+	p("`go test -run '^$' -bench . -benchmem -benchtime 3x ./proxier/` (in `proxier/bench_test.go`, same services as above): the user-space share of a sync. *Compile* is a full sync's compile; *Diff* compares two whole compiled rulesets (kept for tools and tests; the daemon no longer diffs whole rulesets); *Sync* is `proxier.SyncChanges` of one change, given the changed service port as the tracker hands it over, with a kernel that does nothing — the incremental compiler's whole share of an update.\n\n")
 	t := &table{head: []string{"benchmark", "time/op", "memory/op", "allocations/op"}}
 	for _, g := range r.GoBench {
 		t.rows = append(t.rows, []string{"`" + g.Name + "`", fmtMS(g.NsPerOp / 1e6), fmtBytes(g.BytesPerOp), fmt.Sprintf("%.0f", g.AllocsPerOp)})
@@ -433,8 +433,8 @@ func (r *Results) writeAnalysis(p func(string, ...any)) {
 	p("**Updates.** At %d services one endpoint change costs %s end to end: %s in user space and %s in the kernel; the path it replaced (whole compile and diff) takes %s. ",
 		n, fmtMS(get(n, metricEndpointChange, methodNftproxy)), fmtMS(get(n, metricEndpointChange, methodCompile)),
 		fmtMS(get(n, metricEndpointChange, methodApply)), fmtMS(get(n, metricEndpointChange, methodFullDiff)))
-	p("User space no longer redoes O(N) work for an O(1) change: `proxier` compiles only the service ports whose `ServicePort` changed, old and new version (their elements of the shared maps and their own chains and sets), and builds `nftmodel.Changes` from the two; the chains and slot maps service ports share, and the `hairpin` and `cluster-ips` elements, are reference counted so they go only with their last user. What remains proportional to N is one walk over the sorted snapshot comparing each service port with the last snapshot's (a pointer comparison for unchanged endpoints), shared by all families and the change metrics: %s at %d services. ",
-		fmtMS(get(big, metricEndpointChange, methodCompile)), big)
+	p("User space does no O(N) work for an O(1) change: the tracker hands over the service ports an event touched (`k8s.Changes`), and `proxier` compiles only those, old and new version (their elements of the shared maps and their own chains and sets), and builds `nftmodel.Changes` from the two; the chains and slot maps service ports share, and the `hairpin` and `cluster-ips` elements, are reference counted so they go only with their last user. Its share is %s at %d services and %s at %d. ",
+		fmtMS(get(n, metricEndpointChange, methodCompile)), n, fmtMS(get(big, metricEndpointChange, methodCompile)), big)
 	p("The ruleset's shape does the rest: an endpoint change touches only data-map elements, so the kernel checks no jumps and its share stays at %s even at %d services. ",
 		fmtMS(get(big, metricEndpointChange, methodApply)), big)
 	p("Adding a service puts an element with a `goto` into `service-ips`, which makes the kernel validate the table's jump graph again: %s at %d services, %s at %d. ",

@@ -30,7 +30,7 @@ const (
 
 // Methods: who did the work.
 const (
-	methodNftproxy        = "nftproxy"                         // full: compile + one netlink batch; update: proxier.Sync
+	methodNftproxy        = "nftproxy"                         // full: compile + one netlink batch; update: proxier.SyncChanges
 	methodCompile         = "nftproxy compile"                 // full: proxier.Compile; update: Sync's user-space share
 	methodApply           = "nftproxy netlink"                 // nftnl.Apply / ApplyChanges alone
 	methodMemLimit        = "nftproxy, GOMEMLIMIT=" + memLimit // the same child with a soft memory limit
