@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -130,6 +131,7 @@ func (c *cluster) load(ctx context.Context, w *workload) error {
 			for job := range jobs {
 				if err := job(); err != nil {
 					once.Do(func() { firstErr = err; cancel() })
+					continue
 				}
 				done.Add(1)
 			}
@@ -165,7 +167,12 @@ feed:
 	}
 	close(jobs)
 	wg.Wait()
-	if firstErr != nil {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller's deadline; firstErr is then one of the writes it
+		// cut short.
+		return fmt.Errorf("%d of %d objects written: %w", done.Load(), total, ctx.Err())
+	case firstErr != nil:
 		return firstErr
 	}
 	return ctx.Err()

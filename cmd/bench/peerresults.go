@@ -77,6 +77,9 @@ type PeerWorkload struct {
 	Endpoints int    `json:"endpoints"`
 	Slices    int    `json:"slices"`
 	CreateS   int    `json:"create_s"` // seconds to write it through the API
+	// NotLoaded says why no proxy ran: the API server had not stored the
+	// workload within --write-limit.
+	NotLoaded string `json:"not_loaded,omitempty"`
 }
 
 // PeerRun is what the peers phase measured; runs of some workloads or

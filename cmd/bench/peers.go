@@ -135,10 +135,22 @@ func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 	}
 	defer c.stop()
 	began := time.Now()
-	if err := c.load(ctx, w); err != nil {
+	loadCtx, cancel := context.WithTimeout(ctx, e.o.writeLimit)
+	err = c.load(loadCtx, w)
+	cancel()
+	info.CreateS = int(time.Since(began).Seconds())
+	if err != nil && loadCtx.Err() != nil && ctx.Err() == nil {
+		// Bounded like a proxy's step: the run goes on with the next
+		// workload.
+		info.NotLoaded = fmt.Sprintf("Not run: the API server had not stored the workload after %s (%v).", e.o.writeLimit, err)
+		logf("peers, %s: %s", spec.name, info.NotLoaded)
+		e.run.Workloads = replaceWorkload(e.run.Workloads, info)
+		saved()
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	info.CreateS = int(time.Since(began).Seconds())
 	logf("peers, %s: written in %s", spec.name, time.Since(began).Round(time.Second))
 	e.run.Workloads = replaceWorkload(e.run.Workloads, info)
 	e.cluster, e.w = c, w

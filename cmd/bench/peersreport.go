@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -159,6 +160,10 @@ func (r *Results) writePeers(b *strings.Builder) {
 	for _, wl := range p.Workloads {
 		row := []string{wl.Name}
 		for _, tg := range peerTargets {
+			if wl.NotLoaded != "" {
+				row = append(row, "not run (below)")
+				continue
+			}
 			text, verdict := p.ratio(wl.Name, tg.metric, tg.limit)
 			if verdict != "" {
 				text += " " + verdict
@@ -175,6 +180,11 @@ func (r *Results) writePeers(b *strings.Builder) {
 	var failures []string
 	for _, wl := range p.Workloads {
 		w("### %s\n\n", wl.Title)
+		if wl.NotLoaded != "" {
+			w("%d services, %d endpoints, %d EndpointSlices. %s The section *API server write rate* below says why; the daemon section above has nftproxy at this size from a manifest directory.\n\n",
+				wl.Services, wl.Endpoints, wl.Slices, wl.NotLoaded)
+			continue
+		}
 		w("%d services, %d endpoints, %d EndpointSlices, written in %d s.\n\n", wl.Services, wl.Endpoints, wl.Slices, wl.CreateS)
 		t := &table{head: []string{"proxy"}}
 		for _, c := range peerColumns {
@@ -252,33 +262,55 @@ func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 }
 
 // writePeerScaling prints nftproxy's endpoint change against the number of
-// services (3 endpoints each).
+// services (3 endpoints each): through the API server where the peers phase
+// loaded the workload, and from a manifest directory (the daemon phase),
+// which reaches sizes the API server cannot store in reasonable time.
 func (r *Results) writePeerScaling(w func(string, ...any), b *strings.Builder) {
 	p := r.Peers
-	var rows [][]string
-	var base float64
+	sizes := map[int]bool{}
+	api := map[int][2]float64{} // sync, wall
 	for _, name := range []string{"1kx3", "10kx3", "30kx3", "100kx3"} {
 		wl := p.workload(name)
 		sync, ok := p.value(name, proxyNftproxy, peerEndpoint)
 		if wl == nil || !ok {
 			continue
 		}
-		wall, _ := p.value(name, proxyNftproxy, peerEndpointWal)
-		rel := "–"
-		if name == "10kx3" {
-			base = sync
+		wall, ok := p.value(name, proxyNftproxy, peerEndpointWal)
+		if !ok {
+			wall = math.NaN()
 		}
-		if base > 0 {
-			rel = fmt.Sprintf("%.2f", sync/base)
-		}
-		rows = append(rows, []string{fmt.Sprint(wl.Services), fmtMS(sync), fmtMS(wall), rel})
+		sizes[wl.Services], api[wl.Services] = true, [2]float64{sync, wall}
 	}
-	if len(rows) == 0 {
+	for _, n := range r.measuredSizes(metricDaemonEndpoint, methodDaemon) {
+		sizes[n] = true
+	}
+	if len(sizes) == 0 {
 		return
 	}
+	cell := func(v float64, ok bool) string {
+		if !ok || math.IsNaN(v) {
+			return "–"
+		}
+		return fmtMS(v)
+	}
+	rel := func(v, base float64, ok bool) string {
+		if !ok || base <= 0 || math.IsNaN(base) {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", v/base)
+	}
+	apiBase, okA := api[10000]
+	dirBase, okD := r.median(10000, metricDaemonEndpoint, methodDaemon)
+	t := &table{head: []string{"services (× 3 endpoints)", "API server: sync", "… API write to kernel", "… sync / 10k sync",
+		"manifest directory: sync", "… sync / 10k sync"}}
+	for _, n := range slices.Sorted(maps.Keys(sizes)) {
+		a, ok := api[n]
+		d, ok2 := r.median(n, metricDaemonEndpoint, methodDaemon)
+		t.rows = append(t.rows, []string{fmt.Sprint(n), cell(a[0], ok), cell(a[1], ok), rel(a[0], apiBase[0], ok && okA),
+			cell(d, ok2), rel(d, dirBase, ok2 && okD)})
+	}
 	w("### nftproxy: one endpoint replaced, by the number of services\n\n")
-	w("The issue asks for at most 2 ms at 10,000 services × 3 endpoints and the same within 20%% at 30,000 and 100,000.\n\n")
-	t := &table{head: []string{"services (× 3 endpoints)", "sync", "API write to kernel", "sync / 10k sync"}, rows: rows}
+	w("The issue asks for at most 2 ms at 10,000 services × 3 endpoints and the same within 20%% at 30,000 and 100,000. *API server* is the peers phase (median of its runs); *manifest directory* is the daemon phase above (`nftproxy run --manifests`, median of its delta syncs), where loading 100,000 services takes seconds instead of the hours the API server's Service creation needs.\n\n")
 	t.write(b)
 }
 
@@ -289,6 +321,9 @@ func (r *Results) writePeerPlots(dir string) error {
 		return nil
 	}
 	for _, wl := range p.Workloads {
+		if wl.NotLoaded != "" {
+			continue
+		}
 		c := barChart{title: fmt.Sprintf("%s: %d services, %d endpoints", wl.Name, wl.Services, wl.Endpoints), yLabel: "time", yFormat: msLabel, w: 1240}
 		for _, g := range peerPlotGroups {
 			c.groups = append(c.groups, g.label)
