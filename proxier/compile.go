@@ -241,6 +241,8 @@ type compiler struct {
 	affinityServices, affinityNodePorts *m.Set
 	// slots is the assignment the pieces' slot orders follow.
 	slots Slots
+	// here keeps the endpoints that may be on this node (mayBeHere).
+	here func(*k8s.Endpoint) bool
 
 	// Verdicts are immutable: elements going to the same chain share one.
 	gotos map[string]*m.Verdict
@@ -274,6 +276,7 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 		npT:          []m.DataType{m.TypeInetProto, m.TypeInetService},
 		gotos:        map[string]*m.Verdict{},
 	}
+	c.here = mayBeHere(&c.node)
 	verdict := []m.DataType{m.TypeVerdict}
 	c.serviceIPs = &m.Set{Name: mapServiceIPs, Key: c.vipT, Data: verdict}
 	c.serviceNodePorts = &m.Set{Name: mapServiceNodePorts, Key: c.npT, Data: verdict}
@@ -368,7 +371,7 @@ func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) pieceBuilder {
 	}
 	b.p.elements = make([]keyedElement, 0, keys)
 	b.p.uses = make([]sharedObj, 0, keys)
-	b.p.hairpin = hairpinAddrs(b.choice)
+	b.p.hairpin = hairpinAddrs(b.choice, c.here)
 	return b
 }
 
@@ -490,20 +493,30 @@ func sortedByAddr(eps []k8s.Endpoint) bool {
 }
 
 // hairpinAddrs lists the addresses of the endpoints a service port may
-// send to, each once: a few are compared in place, a wide service's through
-// a map.
-func hairpinAddrs(choice endpointChoice) []netip.Addr {
+// send to that may be on this node, each once: a few are compared in place,
+// a wide service's through a map or a merge walk. Only a packet from this
+// node's own pods (or the node itself, for host-network endpoints) can be
+// sent back to its source by these rules: a pod on another node reaches a
+// service through its own node's proxy, and traffic from other nodes to
+// external addresses and node ports is masqueraded anyway. So the hairpin
+// set holds this node's endpoints, not the cluster's, and a change of a
+// remote endpoint leaves it alone. here keeps the endpoints that may be on
+// this node.
+func hairpinAddrs(choice endpointChoice, here func(*k8s.Endpoint) bool) []netip.Addr {
 	if len(choice.cluster)+len(choice.local) > 16 && sortedByAddr(choice.cluster) && sortedByAddr(choice.local) {
-		return mergedAddrs(choice.cluster, choice.local)
+		return mergedAddrs(choice.cluster, choice.local, here)
 	}
-	out := make([]netip.Addr, 0, len(choice.cluster))
+	out := make([]netip.Addr, 0, len(choice.local))
 	var seen map[netip.Addr]bool
 	if len(choice.cluster)+len(choice.local) > 16 {
-		seen = make(map[netip.Addr]bool, len(choice.cluster))
+		seen = make(map[netip.Addr]bool, len(choice.local))
 	}
 	for _, eps := range [][]k8s.Endpoint{choice.cluster, choice.local} {
-		for _, e := range eps {
+		for i := range eps {
+			e := &eps[i]
 			switch {
+			case !here(e):
+				continue
 			case seen != nil && seen[e.Addr], seen == nil && slices.Contains(out, e.Addr):
 				continue
 			case seen != nil:
@@ -515,21 +528,32 @@ func hairpinAddrs(choice endpointChoice) []netip.Addr {
 	return out
 }
 
-// mergedAddrs lists the addresses of two address-sorted endpoint lists,
-// each once, sorted: a wide service's in one walk, without a map.
-func mergedAddrs(a, b []k8s.Endpoint) []netip.Addr {
+// mayBeHere tells whether an endpoint may be on this node: it is, its node
+// is not known, or this node's name is not known for sure (no Node object:
+// then every endpoint counts, so that a name that does not match the
+// cluster's costs no hairpin).
+func mayBeHere(node *k8s.Node) func(*k8s.Endpoint) bool {
+	if node.Name == "" || node.Fallback {
+		return func(*k8s.Endpoint) bool { return true }
+	}
+	return func(e *k8s.Endpoint) bool { return e.NodeName == "" || e.NodeName == node.Name }
+}
+
+// mergedAddrs lists the addresses of two address-sorted endpoint lists that
+// keep keeps, each once, sorted: a wide service's in one walk, without a map.
+func mergedAddrs(a, b []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []netip.Addr {
 	out := make([]netip.Addr, 0, max(len(a), len(b)))
-	add := func(x netip.Addr) {
-		if len(out) == 0 || out[len(out)-1] != x {
-			out = append(out, x)
+	add := func(e *k8s.Endpoint) {
+		if keep(e) && (len(out) == 0 || out[len(out)-1] != e.Addr) {
+			out = append(out, e.Addr)
 		}
 	}
 	for len(a) > 0 || len(b) > 0 {
 		if c := walkOrder(len(a), len(b), func() int { return a[0].Addr.Compare(b[0].Addr) }); c <= 0 {
-			add(a[0].Addr)
+			add(&a[0])
 			a = a[1:]
 		} else {
-			add(b[0].Addr)
+			add(&b[0])
 			b = b[1:]
 		}
 	}

@@ -146,28 +146,30 @@ func TestWideServiceChangeIsSmall(t *testing.T) {
 func TestSortedWalksMatchMaps(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 7))
 	addr := func(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(n >> 8), byte(n)}) }
+	here := mayBeHere(&k8s.Node{Name: "node-1"})
+	nodes := []string{"", "node-1", "node-2"}
 	for range 50 {
 		var cluster, local []k8s.Endpoint
 		for n := range 60 {
 			if r.IntN(2) == 0 {
-				cluster = append(cluster, k8s.Endpoint{Addr: addr(n), Port: uint16(8080 + r.IntN(2))})
+				cluster = append(cluster, k8s.Endpoint{Addr: addr(n), Port: uint16(8080 + r.IntN(2)), NodeName: nodes[r.IntN(3)]})
 			}
 			if r.IntN(4) == 0 {
-				local = append(local, k8s.Endpoint{Addr: addr(n), Port: 8080})
+				local = append(local, k8s.Endpoint{Addr: addr(n), Port: 8080, NodeName: "node-1"})
 			}
 		}
 		choice := endpointChoice{cluster: cluster, local: local}
-		got := hairpinAddrs(choice)
+		got := hairpinAddrs(choice, here)
 		shuffled := endpointChoice{cluster: slices.Clone(cluster), local: local}
 		r.Shuffle(len(shuffled.cluster), func(i, j int) {
 			shuffled.cluster[i], shuffled.cluster[j] = shuffled.cluster[j], shuffled.cluster[i]
 		})
-		want := hairpinAddrs(shuffled) // not sorted: the map
+		want := hairpinAddrs(shuffled, here) // not sorted: the map
 		slices.SortFunc(want, netip.Addr.Compare)
 		if !slices.Equal(got, want) {
 			t.Fatalf("hairpinAddrs sorted %v, by map %v", got, want)
 		}
-		other := hairpinAddrs(endpointChoice{cluster: local, local: cluster[:len(cluster)/2]})
+		other := hairpinAddrs(endpointChoice{cluster: local, local: cluster[:len(cluster)/2]}, here)
 		onlyA, onlyB := symmetricDifference(got, other)
 		rev := slices.Clone(other)
 		slices.Reverse(rev) // not sorted: the map
@@ -176,5 +178,36 @@ func TestSortedWalksMatchMaps(t *testing.T) {
 		if !slices.Equal(onlyA, wantA) || !slices.Equal(onlyB, wantB) {
 			t.Fatalf("symmetricDifference sorted %v %v, by map %v %v", onlyA, onlyB, wantA, wantB)
 		}
+	}
+}
+
+// TestHairpinOnlyThisNode: the hairpin set holds the endpoints that may be on
+// this node; with no Node object every endpoint counts.
+func TestHairpinOnlyThisNode(t *testing.T) {
+	ep := func(addr, node string) k8s.Endpoint {
+		return k8s.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, NodeName: node}
+	}
+	cluster := []k8s.Endpoint{ep("10.244.1.1", "node-1"), ep("10.244.2.1", "node-2"), ep("10.244.3.1", ""), ep("192.168.0.2", "node-1")}
+	tests := []struct {
+		name string
+		node k8s.Node
+		want []string
+	}{
+		{"this node's and unplaced endpoints", k8s.Node{Name: "node-1"}, []string{"10.244.1.1", "10.244.3.1", "192.168.0.2"}},
+		{"no endpoint of another node", k8s.Node{Name: "node-3"}, []string{"10.244.3.1"}},
+		{"no Node object: every endpoint", k8s.Node{Name: "node-3", Fallback: true}, []string{"10.244.1.1", "10.244.2.1", "10.244.3.1", "192.168.0.2"}},
+		{"no node name: every endpoint", k8s.Node{}, []string{"10.244.1.1", "10.244.2.1", "10.244.3.1", "192.168.0.2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := hairpinAddrs(endpointChoice{cluster: cluster}, mayBeHere(&tt.node))
+			var gotS []string
+			for _, a := range got {
+				gotS = append(gotS, a.String())
+			}
+			if !slices.Equal(gotS, tt.want) {
+				t.Errorf("hairpin %v, want %v", gotS, tt.want)
+			}
+		})
 	}
 }
