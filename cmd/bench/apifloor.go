@@ -25,7 +25,7 @@ const proxyAPIWatch = "api-watch"
 func (e *peerEnv) apiFloor(ctx context.Context) error {
 	k := e.runIndex
 	e.runIndex++
-	if err := e.cluster.createAddedSlice(ctx, k); err != nil {
+	if err := e.cluster.createAddedSlice(ctx, e.w, k); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -93,7 +93,7 @@ func serviceObject(name string, ip netip.Addr) *v1.Service {
 	}
 }
 
-func sliceObject(service string, j int, addrs []netip.Addr) *discoveryv1.EndpointSlice {
+func sliceObject(service string, j int, addrs []netip.Addr, nodeOf func(netip.Addr) string) *discoveryv1.EndpointSlice {
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: sliceName(service, j), Namespace: benchNamespace, Labels: map[string]string{
 			discoveryv1.LabelServiceName: service,
@@ -105,6 +105,12 @@ func sliceObject(service string, j int, addrs []netip.Addr) *discoveryv1.Endpoin
 	}
 	for i, a := range addrs {
 		es.Endpoints[i] = readyEndpoint(a)
+		if nodeOf == nil {
+			continue
+		}
+		if node := nodeOf(a); node != "" {
+			es.Endpoints[i].NodeName = &node
+		}
 	}
 	return es
 }
@@ -150,7 +156,7 @@ feed:
 		}}
 		for j, addrs := range s.slices() {
 			todo = append(todo, func() error {
-				_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, sliceObject(s.name, j, addrs), metav1.CreateOptions{})
+				_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, sliceObject(s.name, j, addrs, w.spec.nodeOf), metav1.CreateOptions{})
 				return wrapCreate("endpoint slice", sliceName(s.name, j), err)
 			})
 		}
@@ -218,9 +224,9 @@ func addedEndpoints(k int) []netip.Addr {
 	return []netip.Addr{base, addrPlus(base, 1), addrPlus(base, 2)}
 }
 
-func (c *cluster) createAddedSlice(ctx context.Context, k int) error {
+func (c *cluster) createAddedSlice(ctx context.Context, w *workload, k int) error {
 	_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx,
-		sliceObject(addedServiceName(k), 0, addedEndpoints(k)), metav1.CreateOptions{})
+		sliceObject(addedServiceName(k), 0, addedEndpoints(k), w.spec.nodeOf), metav1.CreateOptions{})
 	return wrapCreate("endpoint slice", sliceName(addedServiceName(k), 0), err)
 }
 

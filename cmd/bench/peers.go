@@ -213,7 +213,7 @@ func (e *peerEnv) proxy(ctx context.Context, proxy string) error {
 	// The service step's EndpointSlice is there before the proxy starts, so
 	// that the step is the Service alone and no sync for a slice without
 	// its service runs into it.
-	if err := e.cluster.createAddedSlice(ctx, k); err != nil {
+	if err := e.cluster.createAddedSlice(ctx, e.w, k); err != nil {
 		return err
 	}
 	err := e.measureProxy(ctx, proxy, k)

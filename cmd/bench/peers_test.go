@@ -378,3 +378,27 @@ func TestPeerRunFold(t *testing.T) {
 		t.Errorf("cell %q", got)
 	}
 }
+
+// TestWorkloadEndpointsOnNodes: a peers workload's endpoints are spread over
+// peerNodes nodes, the proxies' own among them; the soak names none.
+func TestWorkloadEndpointsOnNodes(t *testing.T) {
+	spec, _ := findWorkload("10x1000")
+	w := spec.generate()
+	nodes := map[string]int{}
+	for _, s := range w.services {
+		for j, addrs := range s.slices() {
+			for _, e := range sliceObject(s.name, j, addrs, spec.nodeOf).Endpoints {
+				if e.NodeName == nil {
+					t.Fatalf("endpoint %v names no node", e.Addresses)
+				}
+				nodes[*e.NodeName]++
+			}
+		}
+	}
+	if len(nodes) != peerNodes || nodes[benchNode] != w.endpoints()/peerNodes {
+		t.Errorf("%d nodes, %d endpoints on %s; want %d nodes, %d there", len(nodes), nodes[benchNode], benchNode, peerNodes, w.endpoints()/peerNodes)
+	}
+	if e := sliceObject("soak", 0, w.services[0].endpoints[:1], nil).Endpoints[0]; e.NodeName != nil {
+		t.Errorf("without nodeOf the endpoint names node %s", *e.NodeName)
+	}
+}

@@ -28,7 +28,7 @@ type soakSink interface {
 // neither ready nor gone, as the EndpointSlice controller writes a pod that
 // is shutting down.
 func soakSlice(s *soakService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
-	es := sliceObject(s.name, 0, nil)
+	es := sliceObject(s.name, 0, nil, nil)
 	for _, e := range eps {
 		ep := readyEndpoint(e.addr)
 		if e.terminating {
