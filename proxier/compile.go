@@ -542,7 +542,17 @@ func mayBeHere(node *k8s.Node) func(*k8s.Endpoint) bool {
 // mergedAddrs lists the addresses of two address-sorted endpoint lists that
 // keep keeps, each once, sorted: a wide service's in one walk, without a map.
 func mergedAddrs(a, b []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []netip.Addr {
-	out := make([]netip.Addr, 0, max(len(a), len(b)))
+	// Counted first: a wide service's piece keeps the list, and on a node
+	// that holds few of its endpoints room for all would be wasted.
+	n := 0
+	for _, eps := range [][]k8s.Endpoint{a, b} {
+		for i := range eps {
+			if keep(&eps[i]) {
+				n++
+			}
+		}
+	}
+	out := make([]netip.Addr, 0, n)
 	add := func(e *k8s.Endpoint) {
 		if keep(e) && (len(out) == 0 || out[len(out)-1] != e.Addr) {
 			out = append(out, e.Addr)
