@@ -42,9 +42,10 @@ const (
 )
 
 // childSync is the re-executed program: one full sync of n services into the
-// namespace at nsPath, as a daemon's first sync does (compile, one netlink
-// batch), and nothing else, so its rusage is the sync's. With memstats it
-// collects garbage between stages to report the live heap, which slows it.
+// namespace at nsPath, as a daemon's first sync does (proxier.Sync: compile,
+// one netlink batch), and nothing else, so its rusage is the sync's. With
+// memstats it collects garbage between stages to report the live heap,
+// which slows it.
 func childSync(n int, nsPath string, memstats bool) error {
 	rep := childReport{HeapMiB: map[string]float64{}}
 	heap := func(stage string) {
@@ -67,15 +68,16 @@ func childSync(n int, nsPath string, memstats bool) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	// The batch is sent once the ruleset is assembled: the heap then holds
+	// the snapshot and the ruleset, and the rest of the sync is netlink.
+	k := &stagedKernel{Kernel: nftnl.Kernel{Conn: conn}, before: func() { heap(stageCompiled) }}
+	p := proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})
 	start := time.Now()
-	rs := proxier.Compile(snap, compileConfig)
-	compiled := time.Now()
-	heap(stageCompiled)
-	stats, err := nftnl.Apply(conn, rs)
-	if err != nil {
+	if err := p.Sync(context.Background(), snap, true); err != nil {
 		return err
 	}
-	rep.CompileMS, rep.ApplyMS, rep.Elements = ms(compiled.Sub(start)), ms(time.Since(compiled)), stats.Elements
+	total := time.Since(start)
+	rep.CompileMS, rep.ApplyMS, rep.Elements = ms(total-k.took), ms(k.took), k.stats.Elements
 	runtime.KeepAlive(snap)
 	st, err := procStatus(os.Getpid())
 	if err != nil {
@@ -83,6 +85,23 @@ func childSync(n int, nsPath string, memstats bool) error {
 	}
 	rep.PeakKiB = st["VmHWM"]
 	return json.NewEncoder(os.Stdout).Encode(rep)
+}
+
+// stagedKernel is the daemon's kernel, calling before as a full apply
+// starts and timing the apply.
+type stagedKernel struct {
+	nftnl.Kernel
+	before func()
+	took   time.Duration
+	stats  m.Stats
+}
+
+func (k *stagedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	k.before()
+	start := time.Now()
+	st, err := k.Kernel.Apply(rs)
+	k.took, k.stats = time.Since(start), st
+	return st, err
 }
 
 // childRun is one child sync's report and resource use.

@@ -31,7 +31,7 @@ const (
 // Methods: who did the work.
 const (
 	methodNftproxy        = "nftproxy"                         // full: compile + one netlink batch; update: proxier.SyncChanges
-	methodCompile         = "nftproxy compile"                 // full: proxier.Compile; update: Sync's user-space share
+	methodCompile         = "nftproxy compile"                 // full: Sync's share before the batch; update: its user-space share
 	methodApply           = "nftproxy netlink"                 // nftnl.Apply / ApplyChanges alone
 	methodMemLimit        = "nftproxy, GOMEMLIMIT=" + memLimit // the same child with a soft memory limit
 	methodFullDiff        = "full compile + diff"              // the replaced update path: Compile + Diff + ApplyChanges
