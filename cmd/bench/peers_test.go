@@ -398,7 +398,10 @@ func TestWorkloadEndpointsOnNodes(t *testing.T) {
 	if len(nodes) != peerNodes || nodes[benchNode] != w.endpoints()/peerNodes {
 		t.Errorf("%d nodes, %d endpoints on %s; want %d nodes, %d there", len(nodes), nodes[benchNode], benchNode, peerNodes, w.endpoints()/peerNodes)
 	}
-	if e := sliceObject("soak", 0, w.services[0].endpoints[:1], nil).Endpoints[0]; e.NodeName != nil {
-		t.Errorf("without nodeOf the endpoint names node %s", *e.NodeName)
+	soak := workloadSpec{unplaced: true}
+	for _, nodeOf := range []func(netip.Addr) string{nil, soak.nodeOf} {
+		if e := sliceObject("soak", 0, w.services[0].endpoints[:1], nodeOf).Endpoints[0]; e.NodeName != nil {
+			t.Errorf("an unplaced endpoint names node %s", *e.NodeName)
+		}
 	}
 }

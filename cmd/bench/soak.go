@@ -69,7 +69,7 @@ func soakPhase(res *Results, o *options) error {
 	if _, err := os.Stat(o.nftproxy); err != nil {
 		return fmt.Errorf("find nftproxy (make build): %w", err)
 	}
-	w := workloadSpec{name: "soak", services: so.services, width: uniform(soakEndpoints)}.generate()
+	w := workloadSpec{name: "soak", services: so.services, width: uniform(soakEndpoints), unplaced: true}.generate()
 	model := newSoakModel(w, soakPool, soakSeed)
 	owners := newAddrOwners(soakPool)
 	for i, s := range model.services {

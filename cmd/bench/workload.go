@@ -26,9 +26,8 @@ type workloadSpec struct {
 	full, quick bool
 	// proxies the workload runs by default; nil is every proxy.
 	proxies []string
-	// nodes spreads the endpoints over this many nodes (nodeOf); none is
-	// named when 0.
-	nodes int
+	// unplaced: its endpoints name no node (nodeOf).
+	unplaced bool
 }
 
 // peerNodes is how many nodes the peers' endpoints are on: a cluster with
@@ -36,14 +35,14 @@ type workloadSpec struct {
 // of them (benchNode), which holds about one in peerNodes.
 const peerNodes = 100
 
-// nodeOf is the node an endpoint is on: node-1 to node-<nodes>, by its
-// address. (A step's replacement endpoint keeps the node of the one it
-// replaces.)
+// nodeOf is the node an endpoint is on: node-1 to node-<peerNodes>, by its
+// address, or none when the workload's endpoints are unplaced. (A step's
+// replacement endpoint keeps the node of the one it replaces.)
 func (s workloadSpec) nodeOf(a netip.Addr) string {
-	if s.nodes == 0 {
+	if s.unplaced {
 		return ""
 	}
-	return fmt.Sprintf("node-%d", addrValue(a)%uint32(s.nodes)+1)
+	return fmt.Sprintf("node-%d", addrValue(a)%peerNodes+1)
 }
 
 // Zipf's exponent and seed for the mixed workload: P(k endpoints) ∝ k^-2
@@ -84,16 +83,16 @@ func zipf(n int) []int { return zipfWidths(n, zipfMax, zipfSeed) }
 // services (kube-proxy's modes need minutes per sync there). --quick runs
 // smaller stand-ins of the big ones beside the two wide workloads.
 var workloadSpecs = []workloadSpec{
-	{name: "10kx3", title: "10,000 services × 3 endpoints", services: 10000, width: uniform(3), full: true, nodes: peerNodes},
-	{name: "1x5000", title: "1 service × 5,000 endpoints (50 slices of 100)", services: 1, width: uniform(5000), full: true, quick: true, nodes: peerNodes},
-	{name: "10x1000", title: "10 services × 1,000 endpoints", services: 10, width: uniform(1000), full: true, quick: true, nodes: peerNodes},
-	{name: "zipf10k", title: "10,000 services, endpoints Zipf-distributed (s = 2, 1 to 5,000)", services: 10000, width: zipf, full: true, nodes: peerNodes},
-	{name: "100kx1", title: "100,000 services × 1 endpoint", services: 100000, width: uniform(1), full: true, nodes: peerNodes},
-	{name: "30kx3", title: "30,000 services × 3 endpoints", services: 30000, width: uniform(3), full: true, proxies: []string{proxyNftproxy}, nodes: peerNodes},
-	{name: "100kx3", title: "100,000 services × 3 endpoints", services: 100000, width: uniform(3), full: true, proxies: []string{proxyNftproxy}, nodes: peerNodes},
-	{name: "1kx3", title: "1,000 services × 3 endpoints", services: 1000, width: uniform(3), quick: true, nodes: peerNodes},
-	{name: "zipf1k", title: "1,000 services, endpoints Zipf-distributed (s = 2, 1 to 5,000)", services: 1000, width: zipf, quick: true, nodes: peerNodes},
-	{name: "10kx1", title: "10,000 services × 1 endpoint", services: 10000, width: uniform(1), quick: true, nodes: peerNodes},
+	{name: "10kx3", title: "10,000 services × 3 endpoints", services: 10000, width: uniform(3), full: true},
+	{name: "1x5000", title: "1 service × 5,000 endpoints (50 slices of 100)", services: 1, width: uniform(5000), full: true, quick: true},
+	{name: "10x1000", title: "10 services × 1,000 endpoints", services: 10, width: uniform(1000), full: true, quick: true},
+	{name: "zipf10k", title: "10,000 services, endpoints Zipf-distributed (s = 2, 1 to 5,000)", services: 10000, width: zipf, full: true},
+	{name: "100kx1", title: "100,000 services × 1 endpoint", services: 100000, width: uniform(1), full: true},
+	{name: "30kx3", title: "30,000 services × 3 endpoints", services: 30000, width: uniform(3), full: true, proxies: []string{proxyNftproxy}},
+	{name: "100kx3", title: "100,000 services × 3 endpoints", services: 100000, width: uniform(3), full: true, proxies: []string{proxyNftproxy}},
+	{name: "1kx3", title: "1,000 services × 3 endpoints", services: 1000, width: uniform(3), quick: true},
+	{name: "zipf1k", title: "1,000 services, endpoints Zipf-distributed (s = 2, 1 to 5,000)", services: 1000, width: zipf, quick: true},
+	{name: "10kx1", title: "10,000 services × 1 endpoint", services: 10000, width: uniform(1), quick: true},
 }
 
 // defaultWorkloads are what a run without --workloads measures.
