@@ -698,3 +698,23 @@ func TestSemLocalhostNodePorts(t *testing.T) {
 		})
 	}
 }
+
+// TestSemHairpinThisNodeOnly: with the Node known, a pod that is its own
+// service's endpoint still reaches itself through the ClusterIP (which only
+// the hairpin masquerade makes work), and the hairpin set holds the pairs of
+// this node's endpoints only: none for an endpoint on another node.
+func TestSemHairpinThisNodeOnly(t *testing.T) {
+	s := newScenario(t, 1, map[string]string{"node.yaml": semNode})
+	pod := s.topo.Pods[0]
+	web := semSvc{name: "web", clusterIPs: []string{"10.96.0.10"}, v4: semEPs(pod.Addr)}
+	other := semSvc{name: "other", clusterIPs: []string{"10.96.0.11"}, v4: []semEP{{addr: "10.244.2.10", node: "node-2"}}}
+	s.change(func() { s.write("web.yaml", web.yaml()); s.write("other.yaml", other.yaml()) })
+	s.semWantAnswers("the endpoint asking its own service", pod.NS, netip.Addr{}, webVIP, 5, pod.Name)
+	table := s.kernelTable()
+	if own := pod.Addr.String() + " . " + pod.Addr.String(); !strings.Contains(table, own) {
+		t.Errorf("no hairpin pair %s for this node's endpoint:\n%s", own, table)
+	}
+	if strings.Contains(table, "10.244.2.10 . 10.244.2.10") {
+		t.Errorf("a hairpin pair for node-2's endpoint:\n%s", table)
+	}
+}
