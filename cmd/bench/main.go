@@ -76,7 +76,7 @@ func run(args []string) error {
 	daemonOne := fs.String("daemon-one-endpoint", "100000", "comma-separated service counts the daemon phase also runs with one endpoint per service (none when empty or --quick)")
 	workloads := fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
 	proxies := fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
-	fs.DurationVar(&o.writeLimit, "write-limit", 20*time.Minute, "peers phase: a workload the API server has not stored after this long is reported as not run (its Service creates cost it O(services): 100,000 take hours)")
+	fs.DurationVar(&o.writeLimit, "write-limit", 20*time.Minute, "peers phase: a workload the API server has not stored after this long is reported as not run (its Service creates cost it O(services): 100,000 take over an hour)")
 	fs.IntVar(&o.peerRuns, "peer-runs", 1, "peers phase: runs of each proxy on a workload; the tables show the median (kube-proxy's iptables modes take minutes a run at 10k services)")
 	fs.DurationVar(&o.stepLimit, "step-limit", 5*time.Minute, "peers phase: a proxy that has not finished a step after this long is reported over it and stopped")
 	fs.DurationVar(&o.soak.duration, "soak-duration", 10*time.Minute, "soak phase: how long the churn runs")

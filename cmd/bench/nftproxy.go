@@ -70,7 +70,7 @@ func childSync(n int, nsPath string, memstats bool) error {
 	defer func() { _ = conn.Close() }()
 	// The batch is sent once the ruleset is assembled: the heap then holds
 	// the snapshot and the ruleset, and the rest of the sync is netlink.
-	k := &stagedKernel{Kernel: nftnl.Kernel{Conn: conn}, before: func() { heap(stageCompiled) }}
+	k := &timedKernel{Kernel: nftnl.Kernel{Conn: conn}, beforeFull: func() { heap(stageCompiled) }}
 	p := proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})
 	start := time.Now()
 	if err := p.Sync(context.Background(), snap, true); err != nil {
@@ -85,23 +85,6 @@ func childSync(n int, nsPath string, memstats bool) error {
 	}
 	rep.PeakKiB = st["VmHWM"]
 	return json.NewEncoder(os.Stdout).Encode(rep)
-}
-
-// stagedKernel is the daemon's kernel, calling before as a full apply
-// starts and timing the apply.
-type stagedKernel struct {
-	nftnl.Kernel
-	before func()
-	took   time.Duration
-	stats  m.Stats
-}
-
-func (k *stagedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
-	k.before()
-	start := time.Now()
-	st, err := k.Kernel.Apply(rs)
-	k.took, k.stats = time.Since(start), st
-	return st, err
 }
 
 // childRun is one child sync's report and resource use.
@@ -230,24 +213,30 @@ type updater struct {
 	next    int // the next fresh endpoint address
 }
 
-// timedKernel is the daemon's kernel, timing each batch.
+// timedKernel is the daemon's kernel, timing each batch and keeping the
+// last one's stats; beforeFull, when set, runs as a full apply starts.
 type timedKernel struct {
 	nftnl.Kernel
+	beforeFull    func()
 	took          time.Duration
+	stats         m.Stats
 	full, changes int
 }
 
 func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	if k.beforeFull != nil {
+		k.beforeFull()
+	}
 	start := time.Now()
 	st, err := k.Kernel.Apply(rs)
-	k.took, k.full = time.Since(start), k.full+1
+	k.took, k.stats, k.full = time.Since(start), st, k.full+1
 	return st, err
 }
 
 func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.Stats, error) {
 	start := time.Now()
 	st, err := k.Kernel.ApplyChanges(f, table, c)
-	k.took, k.changes = time.Since(start), k.changes+1
+	k.took, k.stats, k.changes = time.Since(start), st, k.changes+1
 	return st, err
 }
 
