@@ -847,7 +847,8 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 	ipv4, ipv6 := []string{"ip_family", "IPv4"}, []string{"ip_family", "IPv6"}
 	checks := []check{
 		// Three syncs at least: the first, web's and the endpoint change;
-		// each well under a second here. Both families count each.
+		// each well under a second here. Both families count each, with
+		// their own table's share.
 		{"kubeproxy_sync_proxy_rules_duration_seconds", ipv4, histogram(3, 1)},
 		{"kubeproxy_sync_proxy_rules_duration_seconds", ipv6, histogram(3, 1)},
 		{"kubeproxy_sync_full_proxy_rules_duration_seconds", ipv4, histogram(1, 1)},
@@ -901,6 +902,7 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 		}},
 		{"kubernetes_build_info", []string{"git_version", "dev"}, gauge(1, 1)},
 		{"nftproxy_sync_full_total", nil, atLeast(1)},
+		{"nftproxy_sync_duration_seconds", nil, histogram(3, 1)},
 		{"nftproxy_batch_messages", nil, func(m *dto.Metric) error {
 			h := m.GetHistogram()
 			if h.GetSampleCount() < 2 || h.GetSampleSum() < float64(h.GetSampleCount()) {

@@ -17,12 +17,14 @@ type Metrics struct {
 
 	// By ip_family ("IPv4", "IPv6"), as kube-proxy, which runs one proxier
 	// per family. nftproxy syncs both families at once: each family's
-	// duration is the whole sync's.
+	// duration is its own table's share and what the sync did for both
+	// (familyDuration); SyncTotal is the whole sync.
 	SyncDuration        *prometheus.HistogramVec
 	SyncFullDuration    *prometheus.HistogramVec
 	SyncPartialDuration *prometheus.HistogramVec
 	SyncLastTimestamp   *prometheus.GaugeVec
 	SyncLastQueued      *prometheus.GaugeVec
+	SyncTotal           prometheus.Histogram
 	// NetworkProgramming is the Kubernetes SLI: from an EndpointSlice's
 	// last-change-trigger-time annotation to the end of the sync that
 	// programmed the change.
@@ -100,6 +102,8 @@ func NewMetrics() *Metrics {
 			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds", Help: "The last time proxy rules were successfully synced"}, family),
 		SyncLastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", Help: "The last time a sync of proxy rules was queued"}, family),
+		SyncTotal: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "nftproxy_sync_duration_seconds", Help: "Time a sync took, both families' tables (each kubeproxy_sync_proxy_rules_duration_seconds series counts its own family's).", Buckets: ours}),
 		NetworkProgramming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kubeproxy_network_programming_duration_seconds", Help: "In Cluster Network Programming Latency in seconds", Buckets: programmingBuckets}, family),
 		ChangeToKernel: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -149,7 +153,7 @@ func NewMetrics() *Metrics {
 		})
 	}
 	mt.Registry.MustRegister(mt.SyncDuration, mt.SyncFullDuration, mt.SyncPartialDuration, mt.SyncLastTimestamp,
-		mt.SyncLastQueued, mt.NetworkProgramming, mt.ChangeToKernel, mt.NoLocalEndpoints, mt.NFTablesFailures,
+		mt.SyncLastQueued, mt.SyncTotal, mt.NetworkProgramming, mt.ChangeToKernel, mt.NoLocalEndpoints, mt.NFTablesFailures,
 		pendingGauge("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes", true),
 		pendingGauge("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", false),
 		mt.EndpointChanges, mt.ServiceChanges, mt.FullSyncs, mt.SyncFailures, mt.ResyncsSkipped, mt.DriftRepairs,

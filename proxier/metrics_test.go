@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
@@ -90,6 +91,7 @@ func TestMetricsAsKubeProxy(t *testing.T) {
 		{"kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", dto.MetricType_HISTOGRAM, family, syncBuckets},
 		{"kubeproxy_conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", dto.MetricType_COUNTER, family, nil},
 		{"nftproxy_network_programming_duration_seconds", "", dto.MetricType_HISTOGRAM, nil, nil},
+		{"nftproxy_sync_duration_seconds", "", dto.MetricType_HISTOGRAM, nil, nil},
 	}
 	fams := gather(t, mt)
 	for _, w := range want {
@@ -456,5 +458,73 @@ func TestInvalidDropsCounted(t *testing.T) {
 		if got := value(); got != st.want || k.counted[m.IPv4] != st.counted {
 			t.Errorf("%s: %v (rule %d), want %v (rule %d)", st.name, got, k.counted[m.IPv4], st.want, st.counted)
 		}
+	}
+}
+
+func TestFamilyDuration(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for _, c := range []struct {
+		name    string
+		elapsed time.Duration
+		own     []time.Duration
+		want    []time.Duration
+	}{
+		{"one family takes the whole sync", ms(10), []time.Duration{ms(8)}, []time.Duration{ms(10)}},
+		{"each family its own share and the shared rest", ms(10), []time.Duration{ms(6), ms(1)}, []time.Duration{ms(9), ms(4)}},
+		{"no shared rest", ms(7), []time.Duration{ms(6), ms(1)}, []time.Duration{ms(6), ms(1)}},
+		// Clocks read apart may sum past elapsed by a tick.
+		{"shared never negative", ms(7), []time.Duration{ms(6), ms(2)}, []time.Duration{ms(6), ms(2)}},
+	} {
+		for i, want := range c.want {
+			if got := familyDuration(c.elapsed, c.own, i); got != want {
+				t.Errorf("%s: family %d: %v, want %v", c.name, i, got, want)
+			}
+		}
+	}
+}
+
+// slowKernel takes delay over each batch of one family.
+type slowKernel struct {
+	recordingKernel
+	family m.Family
+	delay  time.Duration
+}
+
+func (k *slowKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
+	if rs.Family == k.family {
+		time.Sleep(k.delay)
+	}
+	return k.recordingKernel.Apply(rs)
+}
+
+// TestSyncDurationByFamily: a family's series counts its own table, not
+// the other family's (kube-proxy times each family's proxier alone), and
+// nftproxy_sync_duration_seconds counts the whole sync.
+func TestSyncDurationByFamily(t *testing.T) {
+	mt := NewMetrics()
+	const delay = 200 * time.Millisecond
+	k := &slowKernel{family: m.IPv6, delay: delay}
+	p := New(Options{Configs: []Config{testConfig, testConfig6}, Kernel: k, Metrics: mt})
+	snap := &k8s.Snapshot{Services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", 2)}}
+	if err := p.Sync(context.Background(), snap, true); err != nil {
+		t.Fatal(err)
+	}
+	sum := func(h prometheus.Observer) float64 {
+		var d dto.Metric
+		if err := h.(prometheus.Metric).Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetHistogram().GetSampleSum()
+	}
+	v4, v6 := sum(mt.SyncDuration.WithLabelValues("IPv4")), sum(mt.SyncDuration.WithLabelValues("IPv6"))
+	total := sum(mt.SyncTotal)
+	if v6 < delay.Seconds() || total < v6 {
+		t.Errorf("IPv6 %.3fs, whole sync %.3fs: want both at least the IPv6 batch's %v, the whole at least IPv6's", v6, total, delay)
+	}
+	if v4 > v6-0.75*delay.Seconds() {
+		t.Errorf("IPv4 %.3fs: counts the IPv6 batch (IPv6 %.3fs)", v4, v6)
+	}
+	if full4 := sum(mt.SyncFullDuration.WithLabelValues("IPv4")); full4 != v4 {
+		t.Errorf("full IPv4 %.3fs, want the sync's %.3fs", full4, v4)
 	}
 }

@@ -434,10 +434,12 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	allFull := true
 	var commits uint32
 	kinds := make([]string, len(p.opts.Configs))
+	own := make([]time.Duration, len(p.opts.Configs))
 	serviceChanges, endpointChanges := countChanges(in.ports)
 	mt.ServiceChanges.Add(float64(serviceChanges))
 	mt.EndpointChanges.Add(float64(endpointChanges))
 	for i, cfg := range p.opts.Configs {
+		familyStart := time.Now()
 		state, stats, kind, err := p.apply(&in, cfg)
 		kinds[i] = kind
 		if err == nil {
@@ -447,6 +449,7 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 				commits++
 			}
 		}
+		own[i] = time.Since(familyStart)
 		if err != nil {
 			// Every state must be at p.ports, which the next sync starts
 			// from; the families synced before this one are past it.
@@ -488,13 +491,15 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	}
 	elapsed := time.Since(start)
 	p.countNoLocal(&in)
+	mt.SyncTotal.Observe(elapsed.Seconds())
 	for i, cfg := range p.opts.Configs {
 		family := familyLabel(cfg.Family)
-		mt.SyncDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+		took := familyDuration(elapsed, own, i).Seconds()
+		mt.SyncDuration.WithLabelValues(family).Observe(took)
 		if kinds[i] == "full" {
-			mt.SyncFullDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+			mt.SyncFullDuration.WithLabelValues(family).Observe(took)
 		} else {
-			mt.SyncPartialDuration.WithLabelValues(family).Observe(elapsed.Seconds())
+			mt.SyncPartialDuration.WithLabelValues(family).Observe(took)
 		}
 		mt.SyncLastTimestamp.WithLabelValues(family).SetToCurrentTime()
 		nl := p.noLocal[cfg.Family]
@@ -581,6 +586,19 @@ func (p *Proxier) apply(in *syncInput, cfg Config) (*incremental, m.Stats, strin
 	return state, stats, "full", err
 }
 
+// familyDuration is what family i's rules took of a sync that lasted
+// elapsed, in which own[j] went to family j's table alone: its own share and
+// what the sync did for all families (reading the generation, pausing the
+// notifications). kube-proxy runs one proxier per family, each timing its
+// own rules; so a family's series doesn't count the other family's table.
+func familyDuration(elapsed time.Duration, own []time.Duration, i int) time.Duration {
+	shared := elapsed
+	for _, d := range own {
+		shared -= d
+	}
+	return max(shared, 0) + own[i]
+}
+
 // pruneAffinity deletes the affinity map's elements that name endpoints the
 // sync removed (all that name no live endpoint, after a full sync), so no
 // client is sent to them; it returns how many it deleted.
@@ -622,8 +640,8 @@ func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 	}
 	byFamily, err := p.opts.Flows.Clean(ctx, prev, next)
 	deleted := byFamily.IPv4 + byFamily.IPv6
-	// One cleanup covers both families: each family observes it, as the
-	// sync durations do.
+	// One cleanup covers both families and can't be split between them:
+	// each family observes it whole.
 	for _, c := range p.opts.Configs {
 		family := familyLabel(c.Family)
 		p.opts.Metrics.ConntrackDuration.WithLabelValues(family).Observe(time.Since(start).Seconds())
