@@ -69,8 +69,10 @@ const maxApplyAttempts = 3
 
 func applyOnce(conn *Conn, rs *nftmodel.Ruleset, guarded bool, others []string) (nftmodel.Stats, error) {
 	b := newBatch(conn, rs.Family, rs.Table)
-	// Translate the model before asking the kernel anything: a model that
-	// can't be encoded fails without I/O and leaves nothing queued.
+	// Translate the model before asking the kernel anything: a model whose
+	// tables, chains, rules or sets can't be encoded fails without I/O and
+	// leaves nothing queued (its elements are checked as send writes them,
+	// before anything is sent).
 	for _, s := range rs.Sets {
 		if _, err := b.declare(s); err != nil {
 			return nftmodel.Stats{}, b.fail("apply", err)

@@ -13,8 +13,9 @@ import (
 )
 
 // batch plans one transaction. Everything that can fail in translation fails
-// while planning, before a single message is encoded, so an invalid model
-// never leaves a half-built batch behind. conn is only read from (and names
+// before anything is sent, so an invalid model never leaves a half-built
+// batch behind: tables, chains, rules and sets while planning, set elements
+// (made from their sources only once, as the batch is written) in send. conn is only read from (and names
 // the namespace the batch goes to); the library encodes its messages on a
 // libEncoder, which sends nothing.
 type batch struct {
@@ -35,8 +36,8 @@ type batch struct {
 }
 
 // step is one part of the batch: msgs messages the library encodes when
-// queue runs, or one message of set elements written directly (elements);
-// what describes it in errors.
+// queue runs, or the elements of a set, written directly in as many
+// messages as they need (elements); what describes it in errors.
 type step struct {
 	what     string
 	msgs     int
@@ -47,24 +48,21 @@ type step struct {
 	userData []byte
 }
 
-// elementsStep is one message adding or deleting checked elements of a set:
-// the elements lo to hi of src, bytes long encoded (as planned).
+// elementsStep adds or deletes every element of src in a set. The elements
+// are checked and split into messages as the batch is written (wire.elements),
+// so a full sync makes each of its thousands once and never holds them.
 type elementsStep struct {
-	set    *nftables.Set
-	enc    *elementEncoder
-	src    nftmodel.ElementSource
-	lo, hi int
-	bytes  int
-	add    bool
+	set *nftables.Set
+	enc *elementEncoder
+	src nftmodel.ElementSource
+	add bool
 }
 
-// each calls f with each of the step's elements, valid until the next call.
-func (e *elementsStep) each(f func(i int, el *nftmodel.Element)) {
-	var el nftmodel.Element
-	for i := e.lo; i < e.hi; i++ {
-		e.src.Element(i, &el)
-		f(i-e.lo, &el)
+func (e *elementsStep) verb() string {
+	if e.add {
+		return "add"
 	}
+	return "delete"
 }
 
 // listSource gives the elements of a list as a source, in place.
@@ -365,10 +363,8 @@ func (b *batch) delElements(set string, els []nftmodel.Element) error {
 	return b.elements(set, listSource(els), false)
 }
 
-// elements plans element additions or deletions in chunks that each fit one
-// message (a netlink attribute can't describe more than 64 KiB). A source's
-// elements are checked and sized now and made again when the batch is
-// written, never held: a full sync's thousands stay out of the model.
+// elements plans adding or deleting the elements of src. They are made,
+// checked and split into messages when the batch is written (wire.elements).
 func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error {
 	n := src.Len()
 	if n == 0 {
@@ -383,36 +379,7 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 		data = nil // a deletion names keys only
 	}
 	enc := newElementEncoder(s.Key, data, add && s.IsVerdictMap(), s.Interval)
-	verb := "add"
-	if !add {
-		verb = "delete"
-	}
-	var el nftmodel.Element
-	render := func(i int) string {
-		src.Element(i, &el)
-		return nftmodel.RenderValues(s.Key, el.Key)
-	}
-	plan := func(lo, hi, bytes int) {
-		b.steps = append(b.steps, step{
-			what:     fmt.Sprintf("%s %d elements of set %s (%s … %s)", verb, hi-lo, set, render(lo), render(hi-1)),
-			msgs:     1,
-			elements: &elementsStep{set: ls, enc: enc, src: src, lo: lo, hi: hi, bytes: bytes, add: add},
-		})
-	}
-	start, total := 0, 0
-	for i := range n {
-		src.Element(i, &el)
-		if err := enc.check(&el); err != nil {
-			return fmt.Errorf("change elements of set %s: %w", set, err)
-		}
-		size := enc.size(&el)
-		if i > start && (i-start >= maxChunkElements || total+size > maxChunkBytes) {
-			plan(start, i, total)
-			start, total = i, 0
-		}
-		total += size
-	}
-	plan(start, n, total)
+	b.steps = append(b.steps, step{elements: &elementsStep{set: ls, enc: enc, src: src, add: add}})
 	b.stats.Elements += n
 	return nil
 }
@@ -427,7 +394,6 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 // of the size it needs, the library's messages copied in their places and
 // set elements encoded in theirs.
 func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
-	var what []string
 	libMsgs := 0
 	for _, s := range b.steps {
 		if s.queue != nil {
@@ -436,9 +402,6 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 				return nftmodel.Stats{}, b.fail(verb, err)
 			}
 			libMsgs += s.msgs
-		}
-		for range s.msgs {
-			what = append(what, s.what)
 		}
 	}
 	captured, err := b.lib.encode()
@@ -471,24 +434,33 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	}
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
-			size += e.size(b.table.Name)
+			size += e.sizeHint(b.table.Name)
 		}
 	}
-	first := nextSeqs(len(what) + 2)
-	w := &wire{buf: make([]byte, 0, size), seq: first}
+	// Numbered from 0 as written, renumbered once the count is known.
+	w := &wire{buf: make([]byte, 0, size)}
+	var what []message
 	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
 	lib = captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
-			w.elements(b.family, b.table.Name, e)
+			err := w.elements(b.family, b.table.Name, e, func(lo, hi int) {
+				what = append(what, message{elements: e, lo: lo, hi: hi})
+			})
+			if err != nil {
+				return nftmodel.Stats{}, b.fail(verb, err)
+			}
 			continue
 		}
 		for _, m := range lib[:s.msgs] {
 			w.message(m)
+			what = append(what, message{what: s.what})
 		}
 		lib = lib[s.msgs:]
 	}
 	w.batchEdge(unix.NFNL_MSG_BATCH_END, genID)
+	first := nextSeqs(len(what) + 2)
+	w.number(first)
 
 	b.stats.Messages = len(what) + 2
 	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)
@@ -510,11 +482,32 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 		case i == 0:
 			where += "; refused at its begin or in the commit"
 		case i <= uint32(len(what)):
-			where = fmt.Sprintf("message %d of %d: %s", i, len(what), what[i-1])
+			where = fmt.Sprintf("message %d of %d: %s", i, len(what), what[i-1].describe())
 		default:
 			where += "; refused at its end"
 		}
 		err = refused.errno
 	}
 	return b.stats, fmt.Errorf("%s %s (%s): %w", verb, b.subject, where, err)
+}
+
+// message says what one message of a written batch does, for errors: a
+// step's description, or the elements lo to hi of an elements step.
+type message struct {
+	what     string
+	elements *elementsStep
+	lo, hi   int
+}
+
+func (m message) describe() string {
+	e := m.elements
+	if e == nil {
+		return m.what
+	}
+	var el nftmodel.Element
+	render := func(i int) string {
+		e.src.Element(i, &el)
+		return nftmodel.RenderValues(e.enc.key, el.Key)
+	}
+	return fmt.Sprintf("%s %d elements of set %s (%s … %s)", e.verb(), m.hi-m.lo, e.set.Name, render(m.lo), render(m.hi-1))
 }

@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -13,6 +14,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
+	"github.com/mdlayher/netlink/nltest"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -397,6 +399,46 @@ func TestApplySplitsLargeSets(t *testing.T) {
 	if stats.Messages != len(batch) {
 		t.Errorf("Stats.Messages = %d, batch has %d", stats.Messages, len(batch))
 	}
+	// Numbered once written: consecutively, so that a refusal names its message.
+	for i, m := range batch[1:] {
+		if m.Header.Sequence != batch[0].Header.Sequence+uint32(i+1) {
+			t.Fatalf("message %d numbered %d after the begin's %d", i+1, m.Header.Sequence, batch[0].Header.Sequence)
+		}
+	}
+}
+
+// A refused element message is named in the error by the elements it
+// carried: the batch is numbered as the kernel reads it, after being written.
+func TestApplyNamesRefusedElements(t *testing.T) {
+	const n = 5000
+	r, _ := newRecorder(t)
+	var seqs []uint32
+	conn := dialConn(t, func(req []netlink.Message) ([]netlink.Message, error) {
+		if len(req) == 0 || req[0].Header.Type != netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN) {
+			return r.dial(req)
+		}
+		var elems []netlink.Message
+		for _, m := range req {
+			seqs = append(seqs, m.Header.Sequence)
+			if msgType(m) == "NEWSETELEM" {
+				elems = append(elems, m)
+			}
+		}
+		return nltest.Error(int(unix.ENOSPC), elems[2:3])
+	})
+	_, err := Apply(conn, bigSetRuleset(n))
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Apply: %v, want ENOSPC", err)
+	}
+	// The fixture's comments fill a message's 32 KiB with 390 elements:
+	// the third holds elements 780 to 1169.
+	want := "add 390 elements of set endpoints (10.96.3.12 . tcp . 80 … 10.96.4.145 . tcp . 80)"
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not name %q", err, want)
+	}
+	if seqs[0] == 0 {
+		t.Errorf("batch numbered from 0: not renumbered once written")
+	}
 }
 
 // A ruleset the applier can't translate is refused before anything is
@@ -615,14 +657,13 @@ func TestWireElementsMatchLibrary(t *testing.T) {
 			want := r.lastBatch()[1]
 
 			w := &wire{}
-			bytes := 0
-			for i := range tt.els {
-				bytes += enc.size(&tt.els[i])
+			step := &elementsStep{set: ls, enc: enc, src: listSource(tt.els), add: tt.add}
+			var chunks [][2]int
+			if err := w.elements(tt.family, table.Name, step, func(lo, hi int) { chunks = append(chunks, [2]int{lo, hi}) }); err != nil {
+				t.Fatal(err)
 			}
-			step := &elementsStep{set: ls, enc: enc, src: listSource(tt.els), hi: len(tt.els), bytes: bytes, add: tt.add}
-			w.elements(tt.family, table.Name, step)
-			if got := step.size(table.Name); got != len(w.buf) {
-				t.Errorf("size = %d, wrote %d bytes", got, len(w.buf))
+			if want := [][2]int{{0, len(tt.els)}}; !slices.Equal(chunks, want) {
+				t.Errorf("chunks %v, want %v", chunks, want)
 			}
 			got, err := splitMessages(w.buf)
 			if err != nil || len(got) != 1 {

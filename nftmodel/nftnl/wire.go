@@ -137,29 +137,87 @@ func batchEdgeSize(genID uint32) int {
 	return n
 }
 
-// size is the size of the message wire.elements writes for e.
-func (e *elementsStep) size(table string) int {
-	return nlmsgHeaderLen + 4 + attrSize(len(e.set.Name)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen + e.bytes
+// number gives the written messages consecutive sequence numbers from
+// first: they were written numbered from 0, before their count was known.
+func (w *wire) number(first uint32) {
+	for at := 0; at+nlmsgHeaderLen <= len(w.buf); {
+		seq := w.buf[at+8:]
+		binary.NativeEndian.PutUint32(seq, first+binary.NativeEndian.Uint32(seq))
+		at += align4(int(binary.NativeEndian.Uint32(w.buf[at:])))
+	}
 }
 
-// elements writes one message adding or deleting the checked elements of a
-// set, as google/nftables' SetAddElements and SetDeleteElements encode it.
-func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep) {
+// elementsHeaderSize is the size of an element message without elements.
+func elementsHeaderSize(set, table string) int {
+	return nlmsgHeaderLen + 4 + attrSize(len(set)+1) + attrSize(4) + attrSize(len(table)+1) + attrHeaderLen
+}
+
+// sizeHint is about the size of the messages wire.elements writes for e:
+// exact when every element encodes to the size of the first, as those of a
+// full sync's sources do, so the batch's buffer needn't grow.
+func (e *elementsStep) sizeHint(table string) int {
+	n := e.src.Len()
+	var el nftmodel.Element
+	e.src.Element(0, &el)
+	if e.enc.check(&el) != nil {
+		return 0 // wire.elements fails on it
+	}
+	size := e.enc.size(&el)
+	msgs := (n + maxChunkElements - 1) / maxChunkElements
+	if perMsg := max(maxChunkBytes/max(size, 1), 1); perMsg < maxChunkElements {
+		msgs = (n + perMsg - 1) / perMsg
+	}
+	return msgs*elementsHeaderSize(e.set.Name, table) + n*size
+}
+
+// elements writes the messages adding or deleting e's elements, as
+// google/nftables' SetAddElements and SetDeleteElements encode them, each
+// element made once, checked, and written straight into the batch. A message
+// takes at most maxChunkElements elements and maxChunkBytes of them (a
+// netlink attribute can't describe more than 64 KiB); chunk is told the
+// elements of each. An element the wire can't carry fails the whole batch.
+func (w *wire) elements(family nftmodel.Family, table string, e *elementsStep, chunk func(lo, hi int)) error {
 	ls, enc := e.set, e.enc
 	typ := unix.NFT_MSG_DELSETELEM
 	if e.add {
 		typ = unix.NFT_MSG_NEWSETELEM
 	}
-	// The library flags deletions with create too; the kernel ignores it.
-	start := w.beginMsg(netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|typ), netlink.Request|netlink.Create)
-	w.nfgen(uint8(libFamily(family)), 0)
-	w.stringAttr(unix.NFTA_SET_ELEM_LIST_SET, ls.Name)
-	w.attr(unix.NFTA_SET_ELEM_LIST_SET_ID, binary.BigEndian.AppendUint32(nil, ls.ID)...)
-	w.stringAttr(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	list := w.beginAttr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | unix.NLA_F_NESTED)
-	e.each(func(i int, el *nftmodel.Element) { w.element(uint16(i+1), enc, el) })
-	w.endAttr(list)
-	w.endMsg(start)
+	var start, list, lo, bytes int
+	open := false
+	end := func(hi int) {
+		w.endAttr(list)
+		w.endMsg(start)
+		chunk(lo, hi)
+		open = false
+	}
+	var el nftmodel.Element
+	n := e.src.Len()
+	for i := range n {
+		e.src.Element(i, &el)
+		if err := enc.check(&el); err != nil {
+			return fmt.Errorf("change elements of set %s: %w", ls.Name, err)
+		}
+		size := enc.size(&el)
+		if open && (i-lo >= maxChunkElements || bytes+size > maxChunkBytes) {
+			end(i)
+		}
+		if !open {
+			// The library flags deletions with create too; the kernel ignores it.
+			start = w.beginMsg(netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|typ), netlink.Request|netlink.Create)
+			w.nfgen(uint8(libFamily(family)), 0)
+			w.stringAttr(unix.NFTA_SET_ELEM_LIST_SET, ls.Name)
+			w.attr(unix.NFTA_SET_ELEM_LIST_SET_ID, binary.BigEndian.AppendUint32(nil, ls.ID)...)
+			w.stringAttr(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+			list = w.beginAttr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | unix.NLA_F_NESTED)
+			lo, bytes, open = i, 0, true
+		}
+		w.element(uint16(i-lo+1), enc, &el)
+		bytes += size
+	}
+	if open {
+		end(n)
+	}
+	return nil
 }
 
 func (w *wire) element(index uint16, enc *elementEncoder, e *nftmodel.Element) {
