@@ -157,7 +157,7 @@ const localSlotOffset = 65536
 
 // element is slot i's element; keys and data are taken from the fronts of
 // the buffers given, which must have room.
-func (r slotRun) element(i int, keys, data []m.Value) m.Element {
+func (r *slotRun) element(i int, keys, data []m.Value) m.Element {
 	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(r.offset+uint32(i)))
 	e := r.eps.at(i)
 	d := append(data[:0:2], m.A(e.Addr), m.N(uint32(e.Port)))
@@ -700,6 +700,9 @@ type runSource struct {
 	fixed []m.Element
 	runs  []slotRun
 	ends  []int // ends[i] is the number of elements up to the end of runs[i]
+	// at is the run of the last element made: the batch asks for them in
+	// order, so most calls find theirs without a search.
+	at int
 }
 
 func newRunSource(fixed []m.Element, runs []slotRun) *runSource {
@@ -725,19 +728,32 @@ func (s *runSource) Element(i int, e *m.Element) {
 		*e = m.Element{Key: append(e.Key[:0], f.Key...), Data: append(e.Data[:0], f.Data...), Verdict: f.Verdict, Comment: f.Comment}
 		return
 	}
-	j, _ := slices.BinarySearch(s.ends, i+1)
-	start := len(s.fixed)
-	if j > 0 {
-		start = s.ends[j-1]
+	j := s.at
+	if !s.within(i, j) {
+		j, _ = slices.BinarySearch(s.ends, i+1)
+		s.at = j
 	}
-	r := s.runs[j]
+	r := &s.runs[j]
 	if cap(e.Key) < len(r.key)+1 {
 		e.Key = make([]m.Value, len(r.key)+1)
 	}
 	if cap(e.Data) < 2 {
 		e.Data = make([]m.Value, 2)
 	}
-	*e = r.element(i-start, e.Key, e.Data)
+	*e = r.element(i-s.start(j), e.Key, e.Data)
+}
+
+// start is the number of the first element of run j.
+func (s *runSource) start(j int) int {
+	if j > 0 {
+		return s.ends[j-1]
+	}
+	return len(s.fixed)
+}
+
+// within tells whether element i (past the fixed ones) is in run j.
+func (s *runSource) within(i, j int) bool {
+	return j < len(s.ends) && i < s.ends[j] && i >= s.start(j)
 }
 
 // addrSource makes the elements of a set of addresses, each address once

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -209,5 +210,38 @@ func TestHairpinOnlyThisNode(t *testing.T) {
 				t.Errorf("hairpin %v, want %v", gotS, tt.want)
 			}
 		})
+	}
+}
+
+// runSource gives the same element for i whatever it was asked before: the
+// batch asks in order, an error message out of order.
+func TestRunSourceAnyOrder(t *testing.T) {
+	eps := func(n, first int) slotList {
+		var l []k8s.Endpoint
+		for i := range n {
+			l = append(l, k8s.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 0, byte(first + i), 1}), Port: 80})
+		}
+		return slotList{eps: l}
+	}
+	key := func(port uint32) []m.Value {
+		return []m.Value{m.A(netip.MustParseAddr("10.96.0.1")), m.N(6), m.N(port)}
+	}
+	fixed := []m.Element{{Key: append(key(1), m.N(0)), Data: []m.Value{m.A(netip.MustParseAddr("10.1.0.1")), m.N(80)}, Comment: "fixed"}}
+	runs := []slotRun{{key: key(80), eps: eps(3, 0)}, {key: key(81), eps: eps(1, 10)}, {key: key(82), eps: eps(4, 20), offset: localSlotOffset}}
+	want := slices.Clone(fixed)
+	for _, r := range runs {
+		want = r.appendElements(want)
+	}
+	src := newRunSource(fixed, runs)
+	if src.Len() != len(want) {
+		t.Fatalf("Len %d, want %d", src.Len(), len(want))
+	}
+	order := append(rand.Perm(len(want)), 0, len(want)-1, 1, 2, 3, 4, 5, 6, 7)
+	var e m.Element
+	for _, i := range order {
+		src.Element(i, &e)
+		if d := gocmp.Diff(want[i], e, cmpopts.EquateComparable(netip.Addr{})); d != "" {
+			t.Errorf("element %d (-want +got):\n%s", i, d)
+		}
 	}
 }
