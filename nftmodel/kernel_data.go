@@ -12,6 +12,10 @@ type Stats struct {
 	Rules    int // rules added
 	Chains   int // chains added, flushed one by one or deleted
 	Sets     int // named sets added, flushed or deleted
+	// Kept counts the named sets a full apply kept with their elements
+	// (dynamic sets: the packet path's live state). With none kept, every
+	// element of the table came in this batch.
+	Kept int
 }
 
 // Event is one nftables notification: an object a commit in the namespace

@@ -442,7 +442,11 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 		familyStart := time.Now()
 		state, stats, kind, err := p.apply(&in, cfg)
 		kinds[i] = kind
-		if err == nil {
+		switch {
+		case err == nil && kind == "full" && stats.Kept == 0:
+			// A new or recreated table holds no affinity entry yet.
+			state.takePrune()
+		case err == nil:
 			var pruned int
 			pruned, err = p.pruneAffinity(state, cfg)
 			if pruned > 0 {

@@ -224,6 +224,7 @@ func (b *batch) reconcile(k *tableState, rs *nftmodel.Ruleset) {
 			// Live state: affinity entries the packet path added. (A
 			// verdict map is flushed even so: its elements would hold on
 			// to chains that may be about to go.)
+			b.stats.Kept++
 		default:
 			b.flushSet(ks.Name)
 		}

@@ -233,7 +233,7 @@ func TestApplyReconciles(t *testing.T) {
 				"NEWRULE pre", "NEWRULE svc", "NEWRULE svc",
 				"NEWSETELEM ports",
 				"END"},
-			wantStats: nftmodel.Stats{Messages: 9, Elements: 1, Rules: 3, Sets: 1},
+			wantStats: nftmodel.Stats{Messages: 9, Elements: 1, Rules: 3, Sets: 1, Kept: 1},
 		},
 		{
 			name: "everything differs: stale and changed objects deleted, then added",
