@@ -41,6 +41,7 @@ var proxyColor = map[string]struct{ R, G, B uint8 }{
 const (
 	peerStart       = "start"         // ms, exec to the first sync seen in /metrics
 	peerFullSync    = "full-sync"     // ms, the first sync, from the proxy's histogram
+	peerFullWhole   = "full-sync-all" // ms, nftproxy's first sync, both families' tables (wholeSyncMetric)
 	peerEndpoint    = "endpoint-sync" // ms, the sync(s) one replaced endpoint caused
 	peerEndpointWal = "endpoint-wall" // ms, API write to the new endpoint in the kernel
 	peerService     = "service-sync"  // ms, the sync(s) one added service caused

@@ -314,6 +314,13 @@ func (s *stepper) steps(ctx context.Context, k int) error {
 	}
 	s.record(peerStart, ms(at.Sub(began)), 0)
 	s.record(peerFullSync, first.sum*1000, first.count)
+	if s.proxy == proxyNftproxy {
+		// The same scrape's whole syncs: the IPv4 series leaves out the
+		// IPv6 table, which kube-proxy syncs in a proxier of its own.
+		if whole, err := parseHistogram(s.p.page, wholeSyncMetric); err == nil && whole.count > 0 {
+			s.record(peerFullWhole, whole.sum*1000, whole.count)
+		}
+	}
 	base, err := s.settle(ctx, first, peerFullSync, time.Now())
 	if err != nil {
 		return err

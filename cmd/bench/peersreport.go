@@ -145,7 +145,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 		"v1.36.3", sliceSize, benchManagedBy, peerNodes, peerNodes, benchNode, peerNodes)
 	w("Then each proxy runs alone in a fresh network namespace, reaching the API server through a relay the bench listens with inside the namespace (the root namespace gets no interface, address or rule): kube-proxy v1.36.3 with `--proxy-mode=nftables`, with `--proxy-mode=iptables` and `iptables` on its PATH linked to `xtables-nft-multi` (the nft backend) or to `xtables-legacy-multi`, and `nftproxy run --kubeconfig`. ")
 	w("Every proxy gets a sync period of an hour (no periodic resync in the window) and keeps its default 1 s min-sync-period; kube-proxy leaves conntrack sysctls alone (`--conntrack-max-per-core=0`).\n\n")
-	w("- **full sync** and the **sync** columns are the proxy's own `%s` (kube-proxy's IPv4 series; it runs an IPv6 proxier beside it): the first sample for the full sync, and what the step added until the histogram stood still for %s for the others (a cell says so when that was more than one sync).\n", syncMetric, settle)
+	w("- **full sync** and the **sync** columns are the proxy's own `%s` (its IPv4 series: kube-proxy runs an IPv6 proxier beside it, which times its own table; nftproxy syncs both tables at once, each series counting its own table's share and the steps both need, so the IPv6 table is not in the IPv4 figure; the whole sync is under each workload's table): the first sample for the full sync, and what the step added until the histogram stood still for %s for the others (a cell says so when that was more than one sync).\n", syncMetric, settle)
 	w("- **API write to kernel** runs from just before the client-go write (the EndpointSlice update with one address replaced; the Service create, its EndpointSlice written before the proxy started) to the moment the change is in the kernel: for the nf_tables proxies the namespace's nf_tables notification (`NFNLGRP_NFTABLES`) that names the new address, which the kernel sends as it commits the batch; for iptables-legacy, which has no notifications, the first `iptables-legacy-save -t nat` that shows the new rule (polled back to back, so the figure is late by up to one save).\n")
 	w("- **%s**: after the proxies, the bench makes the same two writes with a client-go watch of its own on the object (protobuf, straight to the API server, where the proxies go through the relay) and times them to the event's arrival: what the API server takes to store a write and hand it to a watcher, under every proxy's API write to kernel figure.\n", proxyTitle[proxyAPIWatch])
 	w("- **start to synced** is from exec to the first sample seen (scraped every %s); **RSS** is VmRSS once the full sync settled, **peak RSS** VmHWM after the last step.\n", scrapeEvery)
@@ -221,6 +221,10 @@ func (r *Results) writePeers(b *strings.Builder) {
 		}
 		t.rows = append(t.rows, row)
 		t.write(b)
+		if p.find(wl.Name, proxyNftproxy, peerFullWhole) != nil {
+			w("nftproxy's full sync above is its IPv4 series, as kube-proxy's; the whole first sync, with the empty IPv6 table that kube-proxy's second proxier syncs apart (`%s`): %s.\n\n",
+				wholeSyncMetric, p.cell(wl.Name, proxyNftproxy, peerFullWhole, fmtMS))
+		}
 		w("![%s](%s)\n\n", wl.Title, peerPlotFile(wl.Name))
 	}
 	if len(failures) > 0 {

@@ -10,6 +10,10 @@ import (
 // kube-proxy's name.
 const syncMetric = "kubeproxy_sync_proxy_rules_duration_seconds"
 
+// wholeSyncMetric is nftproxy's histogram of whole syncs, both families'
+// tables: each family's syncMetric series counts its own table's share.
+const wholeSyncMetric = "nftproxy_sync_duration_seconds"
+
 // histogram is the _sum and _count of a histogram in Prometheus' text format.
 type histogram struct {
 	sum   float64 // seconds

@@ -35,6 +35,8 @@ type proxyProcess struct {
 	log  *os.File
 	done chan struct{}
 	http *http.Client
+	// page is the /metrics page scrape read last.
+	page string
 }
 
 // peerBinaries are the programs the peers phase runs.
@@ -156,6 +158,7 @@ func (p *proxyProcess) scrape(ctx context.Context) (histogram, error) {
 	if err != nil {
 		return histogram{}, err
 	}
+	p.page = page
 	return parseHistogram(page, syncMetric)
 }
 
