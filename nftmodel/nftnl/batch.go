@@ -15,9 +15,9 @@ import (
 // batch plans one transaction. Everything that can fail in translation fails
 // before anything is sent, so an invalid model never leaves a half-built
 // batch behind: tables, chains, rules and sets while planning, set elements
-// (made from their sources only once, as the batch is written) in send. conn is only read from (and names
-// the namespace the batch goes to); the library encodes its messages on a
-// libEncoder, which sends nothing.
+// (made once, as the batch is written) in send. conn is only read from (and
+// names the namespace the batch goes to); the library encodes its messages
+// on a libEncoder, which sends nothing.
 type batch struct {
 	conn *Conn
 	lib  *libEncoder
@@ -390,9 +390,9 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 // send names the message the kernel refused.
 //
 // The library's messages are encoded first, on b.lib, which keeps them
-// instead of sending; the batch is then written into one buffer
-// of the size it needs, the library's messages copied in their places and
-// set elements encoded in theirs.
+// instead of sending; the batch is then written into one buffer sized for
+// it (sizeHint), the library's messages copied in their places and set
+// elements encoded in theirs.
 func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 	libMsgs := 0
 	for _, s := range b.steps {

@@ -51,7 +51,7 @@ func nextSeqs(n int) uint32 { return batchSeq.Add(uint32(n)) - uint32(n) + 1 }
 // wire is a batch being written into one buffer.
 type wire struct {
 	buf []byte
-	seq uint32 // the next message's sequence number
+	seq uint32 // the next message's number in the batch, from 0 (see number)
 }
 
 // beginMsg starts a message; endMsg sets its length.
