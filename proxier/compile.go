@@ -832,7 +832,7 @@ func (c *compiler) baseChains() []*m.Chain {
 		input = append([]m.Rule{guard}, input...)
 		output = append([]m.Rule{guard}, output...)
 	}
-	return []*m.Chain{
+	chains := []*m.Chain{
 		// Load-balancer source ranges at -110, before DNAT rewrites the
 		// load balancer's address.
 		base(chainFilterPreroutingPreDNAT, m.TypeFilter, m.HookPrerouting, -110, firewall),
@@ -850,6 +850,10 @@ func (c *compiler) baseChains() []*m.Chain {
 		base(chainFilterForward, m.TypeFilter, m.HookForward, 0, forward...),
 		base(chainFilterOutput, m.TypeFilter, m.HookOutput, 0, output...),
 	}
+	// A base chain without rules accepts everything: it would cost every
+	// packet at its hook a call, and the sync a hook to register, for
+	// nothing (input without the localnet guard, forward with tcpBeLiberal).
+	return slices.DeleteFunc(chains, func(c *m.Chain) bool { return len(c.Rules) == 0 })
 }
 
 // localnetGuard is kube-proxy's rule against CVE-2020-8558: with
