@@ -781,9 +781,12 @@ func clusterIPElement(a netip.Addr) m.Element { return m.Element{Key: []m.Value{
 // sizedFrom is the element count from which a set is declared with a size:
 // the kernel then fills a hash table of fixed size, not one it resizes as
 // it goes, which takes a third less of its time for a full sync (10,000
-// services of 3 endpoints: 107 -> 67 ms, BenchmarkKernelSync). A smaller
-// set keeps the resizable table, which costs no memory it doesn't use.
-var sizedFrom = 4096
+// services of 3 endpoints: 107 -> 67 ms, BenchmarkKernelSync), and a
+// quarter less at 1,000 services, whose sets of a few thousand elements
+// were below the first threshold of 4,096. A smaller set keeps the
+// resizable table, which costs no memory it doesn't use: sizing sets from
+// 64 elements on gained nothing more.
+var sizedFrom = 512
 
 // declaredSize is the size a set of n elements is declared with: none below
 // sizedFrom, else the power of two from 2n, so that it can double before a
