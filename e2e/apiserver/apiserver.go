@@ -264,9 +264,16 @@ func (s *Server) StopAPIServer() {
 
 // PauseAPIServer freezes kube-apiserver with SIGSTOP: connections stay open
 // and requests hang, as with a partitioned control plane, rather than being
-// refused as after StopAPIServer.
+// refused as after StopAPIServer. It returns once every thread has stopped:
+// on a busy machine a thread not yet reached could still answer a request.
 func (s *Server) PauseAPIServer() error {
-	return s.signalAPIServer(syscall.SIGSTOP)
+	if err := s.signalAPIServer(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	p := s.apiserver
+	s.mu.Unlock()
+	return p.waitStopped(5 * time.Second)
 }
 
 // ResumeAPIServer lets a paused kube-apiserver run again.

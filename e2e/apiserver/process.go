@@ -106,6 +106,52 @@ func (p *process) signal(sig syscall.Signal) error {
 	return nil
 }
 
+// waitStopped waits until every thread of the process is stopped (state T
+// in /proc), as it is some time after SIGSTOP.
+func (p *process) waitStopped(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	tasks := fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid)
+	for {
+		running, err := runningThreads(tasks)
+		if err != nil {
+			return fmt.Errorf("wait for %s to stop: %w", p.name, err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("wait for %s to stop: %d threads still running after %s", p.name, running, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads under a /proc/<pid>/task directory
+// whose state is not stopped.
+func runningThreads(tasks string) (int, error) {
+	ents, err := os.ReadDir(tasks)
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, e := range ents {
+		stat, err := os.ReadFile(tasks + "/" + e.Name() + "/stat")
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the command name, which is in parentheses
+		// and may hold spaces.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			return 0, fmt.Errorf("parse %s/%s/stat", tasks, e.Name())
+		}
+		if stat[i+2] != 'T' && stat[i+2] != 't' {
+			running++
+		}
+	}
+	return running, nil
+}
+
 // logTailBytes bounds how much of a log an error message carries.
 const logTailBytes = 3000
 

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -106,5 +107,39 @@ func TestRemoveStaleDirs(t *testing.T) {
 		if kept := err == nil; kept != tc.wantKept {
 			t.Errorf("%s: kept=%v, want %v", tc.name, kept, tc.wantKept)
 		}
+	}
+}
+
+// TestWaitStopped stops a busy child, as PauseAPIServer does, and checks that
+// waitStopped finds every thread stopped and that it runs again after SIGCONT.
+func TestWaitStopped(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "busy.log")
+	p, err := startProcess("sh", "/bin/sh", log, []string{"-c", "while :; do :; done"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.signal(syscall.SIGCONT); p.stop(0) })
+	tasks := "/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/task"
+	if n, err := runningThreads(tasks); err != nil || n == 0 {
+		t.Fatalf("before SIGSTOP: %d running threads (%v), want some", n, err)
+	}
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.waitStopped(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := runningThreads(tasks); err != nil || n != 0 {
+		t.Fatalf("after waitStopped: %d running threads (%v), want none", n, err)
+	}
+	if err := p.signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for n, _ := runningThreads(tasks); n == 0; n, _ = runningThreads(tasks) {
+		if time.Now().After(deadline) {
+			t.Fatal("still stopped 5s after SIGCONT")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
