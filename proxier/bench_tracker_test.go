@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
+	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -197,5 +200,66 @@ func BenchmarkTrackerWideEndpoint(b *testing.B) {
 	}
 	if k.deltas != i {
 		b.Fatalf("%d deltas for %d changes", k.deltas, i)
+	}
+}
+
+// BenchmarkKernelChange is a change from the tracker to the kernel, through
+// netlink into a fresh network namespace (root only), with n services of
+// three endpoints applied: one service added (and, the next iteration,
+// removed), or one endpoint replaced. A service add puts a goto into the
+// service-ips verdict map, after which the kernel validates every element
+// of the table's verdict maps at commit (nft_setelem_validate): its share,
+// sys-ms/op, grows with n (docs/design.md, "What a service add costs").
+//
+//	go test -run - -bench KernelChange ./proxier/
+func BenchmarkKernelChange(b *testing.B) {
+	for _, n := range []int{1000, 10000, 50000} {
+		var services []*v1.Service
+		var slices []*discoveryv1.EndpointSlice
+		for i := range n + 1 {
+			if i < n {
+				services = append(services, trackerService(i))
+			}
+			slices = append(slices, trackerSlice(i, uint32(3*i+3)))
+		}
+		for _, change := range []string{"service", "endpoint"} {
+			b.Run(fmt.Sprintf("%s/%d", change, n), func(b *testing.B) {
+				ns := netns.New(b, "pxc")
+				conn, err := nftnl.Dial(ns.Fd())
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer func() { _ = conn.Close() }()
+				tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+				tr.ReplaceAll(services, slices, nil)
+				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
+				tr.TakeChanges()
+				if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+					b.Fatal(err)
+				}
+				var cpu, sys time.Duration
+				i := 0
+				for b.Loop() {
+					if change == "service" {
+						if i%2 == 0 {
+							tr.SetService(trackerService(n))
+						} else {
+							tr.DeleteService("default", fmt.Sprintf("svc-%05d", n))
+						}
+					} else {
+						tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
+					}
+					start, startSys := cpuTime(), sysTime()
+					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+						b.Fatal(err)
+					}
+					cpu += cpuTime() - start
+					sys += sysTime() - startSys
+					i++
+				}
+				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+			})
+		}
 	}
 }
