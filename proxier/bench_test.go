@@ -308,7 +308,7 @@ func BenchmarkKernelSync(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer func() { _ = conn.Close() }()
-			var cpu, sys time.Duration
+			var meter cpuMeter
 			for b.Loop() {
 				b.StopTimer()
 				if err := nftnl.Delete(conn, m.IPv4, proxier.TableName); err != nil {
@@ -316,15 +316,13 @@ func BenchmarkKernelSync(b *testing.B) {
 				}
 				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
 				b.StartTimer()
-				start, startSys := cpuTime(), sysTime()
+				meter.start()
 				if err := p.Sync(context.Background(), w.snap, true); err != nil {
 					b.Fatal(err)
 				}
-				cpu += cpuTime() - start
-				sys += sysTime() - startSys
+				meter.stop()
 			}
-			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
-			b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+			meter.report(b)
 			rs := proxier.Compile(w.snap, benchConfig)
 			b.ReportMetric(float64(len(rs.Chains)), "chains")
 			b.ReportMetric(float64(len(rs.Sets)), "sets+maps")
@@ -342,37 +340,52 @@ func BenchmarkKernelSync(b *testing.B) {
 			}
 			snaps := [2]*k8s.Snapshot{w.next, w.snap}
 			i := 0
-			start := cpuTime()
+			var meter cpuMeter
+			meter.start()
 			for b.Loop() {
 				if err := p.Sync(context.Background(), snaps[i%2], false); err != nil {
 					b.Fatal(err)
 				}
 				i++
 			}
-			b.ReportMetric(float64((cpuTime()-start).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			meter.stop()
+			meter.report(b)
 		})
 	}
 }
 
-// cpuTime is the CPU time the process has used, user and system: on a
-// machine whose cores other work shares, a steadier figure than wall time
-// (the kernel's commit work runs mostly in the syncing thread's system call).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+// cpuMeter adds up the CPU time the process uses between start and stop,
+// user and system: on a machine whose cores other work shares, a steadier
+// figure than wall time (the kernel's commit work runs mostly in the syncing
+// thread's system call). The system share is mostly the kernel building what
+// the batch asks for.
+type cpuMeter struct {
+	cpu, sys     time.Duration
+	cpuAt, sysAt time.Duration
 }
 
-// sysTime is the CPU time the process has spent in the kernel: a sync's
-// share of it is mostly the kernel building what the batch asks for.
-func sysTime() time.Duration {
+func (m *cpuMeter) start() { m.cpuAt, m.sysAt = cpuTimes() }
+
+func (m *cpuMeter) stop() {
+	cpu, sys := cpuTimes()
+	m.cpu += cpu - m.cpuAt
+	m.sys += sys - m.sysAt
+}
+
+// report gives the time per iteration as cpu-ms/op and sys-ms/op.
+func (m *cpuMeter) report(b *testing.B) {
+	b.ReportMetric(float64(m.cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+	b.ReportMetric(float64(m.sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+}
+
+// cpuTimes is the CPU time the process has used, user and system, and the
+// system share alone.
+func cpuTimes() (cpu, sys time.Duration) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
 // stagedKernel calls at before each full apply, with the model in hand.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -237,7 +236,7 @@ func BenchmarkKernelChange(b *testing.B) {
 				if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
 					b.Fatal(err)
 				}
-				var cpu, sys time.Duration
+				var meter cpuMeter
 				i := 0
 				for b.Loop() {
 					if change == "service" {
@@ -249,16 +248,14 @@ func BenchmarkKernelChange(b *testing.B) {
 					} else {
 						tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
 					}
-					start, startSys := cpuTime(), sysTime()
+					meter.start()
 					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
 						b.Fatal(err)
 					}
-					cpu += cpuTime() - start
-					sys += sysTime() - startSys
+					meter.stop()
 					i++
 				}
-				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
-				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+				meter.report(b)
 			})
 		}
 	}

@@ -267,28 +267,28 @@ func (s *Server) StopAPIServer() {
 // refused as after StopAPIServer. It returns once every thread has stopped:
 // on a busy machine a thread not yet reached could still answer a request.
 func (s *Server) PauseAPIServer() error {
-	if err := s.signalAPIServer(syscall.SIGSTOP); err != nil {
+	p, err := s.signalAPIServer(syscall.SIGSTOP)
+	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	p := s.apiserver
-	s.mu.Unlock()
 	return p.waitStopped(5 * time.Second)
 }
 
 // ResumeAPIServer lets a paused kube-apiserver run again.
 func (s *Server) ResumeAPIServer() error {
-	return s.signalAPIServer(syscall.SIGCONT)
+	_, err := s.signalAPIServer(syscall.SIGCONT)
+	return err
 }
 
-func (s *Server) signalAPIServer(sig syscall.Signal) error {
+// signalAPIServer delivers sig to kube-apiserver and returns its process.
+func (s *Server) signalAPIServer(sig syscall.Signal) (*process, error) {
 	s.mu.Lock()
 	p := s.apiserver
 	s.mu.Unlock()
 	if p == nil {
-		return errors.New("signal kube-apiserver: not started")
+		return nil, errors.New("signal kube-apiserver: not started")
 	}
-	return p.signal(sig)
+	return p, p.signal(sig)
 }
 
 // StartControllerManager runs kube-controller-manager with only the named
