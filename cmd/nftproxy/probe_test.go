@@ -12,7 +12,7 @@ import (
 )
 
 // stubProbe replaces the kernel probe for one test.
-func stubProbe(t *testing.T, probe func([]nftmodel.Family, bool) error) {
+func stubProbe(t *testing.T, probe func(int, []nftmodel.Family, bool) error) {
 	t.Helper()
 	saved := probeKernel
 	probeKernel = probe
@@ -25,7 +25,7 @@ func stubProbe(t *testing.T, probe func([]nftmodel.Family, bool) error) {
 func TestRunRefusesAKernelWithoutAFeature(t *testing.T) {
 	var gotFams []nftmodel.Family
 	var gotConntrack bool
-	stubProbe(t, func(fams []nftmodel.Family, conntrack bool) error {
+	stubProbe(t, func(_ int, fams []nftmodel.Family, conntrack bool) error {
 		gotFams, gotConntrack = fams, conntrack
 		return &features.UnsupportedError{Feature: features.Numgen.Name, MinKernel: features.Numgen.MinKernel,
 			Err: unix.ENOENT}
@@ -50,7 +50,7 @@ func TestRunRefusesAKernelWithoutAFeature(t *testing.T) {
 
 // dump and explain touch no kernel: they don't probe it either.
 func TestDumpAndExplainDoNotProbe(t *testing.T) {
-	stubProbe(t, func([]nftmodel.Family, bool) error {
+	stubProbe(t, func(int, []nftmodel.Family, bool) error {
 		t.Error("the kernel was probed")
 		return nil
 	})

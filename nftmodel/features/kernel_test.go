@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -152,5 +153,37 @@ func TestProbeTableGoesWithItsSocket(t *testing.T) {
 	_ = conn.Close() // as the process's death would
 	if out, err := ns.Exec("nft", "list", "ruleset"); err != nil || out != "" {
 		t.Errorf("ruleset after the probe's socket closed: %q, %v; want it empty", out, err)
+	}
+}
+
+// PrivateNetns gives a namespace that is not the caller's, the caller stays
+// where it was, and every probe passes there.
+func TestPrivateNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	var before, after, private unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &before); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := PrivateNetns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	if err := unix.Fstat(fd, &private); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat("/proc/self/ns/net", &after); err != nil {
+		t.Fatal(err)
+	}
+	if private.Ino == before.Ino {
+		t.Error("PrivateNetns gave the caller's own namespace")
+	}
+	if after.Ino != before.Ino {
+		t.Error("the process left its namespace")
+	}
+	if err := NewProber(fd, bothFamilies...).Check(append(Ruleset(), ConntrackNetlink)...); err != nil {
+		t.Errorf("probes in the private namespace: %v", err)
 	}
 }
