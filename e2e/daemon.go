@@ -133,8 +133,8 @@ func (d *Daemon) ResyncsSkipped() int {
 	return strings.Count(d.Log(), `"msg":"Resync skipped`)
 }
 
-// Stop sends SIGTERM and waits for the process to exit; it is killed if it
-// takes longer than five seconds.
+// Stop sends SIGTERM and waits for the process to exit; after five seconds
+// it is made to dump its goroutines and killed.
 func (d *Daemon) Stop() error {
 	select {
 	case <-d.done:
@@ -145,9 +145,16 @@ func (d *Daemon) Stop() error {
 	select {
 	case <-d.done:
 	case <-time.After(5 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.done
-		return errors.New("stop nftproxy: killed after 5s")
+		// SIGQUIT makes the Go runtime print every goroutine's stack into
+		// the log before it exits: what the daemon was blocked on.
+		_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-d.done:
+		case <-time.After(2 * time.Second):
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+		return errors.New("stop nftproxy: not stopped 5s after SIGTERM (goroutine dump in its log)")
 	}
 	return nil
 }

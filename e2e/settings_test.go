@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
@@ -105,5 +107,71 @@ func TestConntrackTuning(t *testing.T) {
 	}
 	for _, l := range s.logLines("Skipping nf_conntrack_max: it cannot be set from this network namespace") {
 		t.Logf("nf_conntrack_max skipped, as expected in a network namespace: %v", l["error"])
+	}
+}
+
+// readOnlyProcSys runs argv with /proc/sys mounted read-only, as a container
+// runtime mounts it in a container that is not privileged.
+var readOnlyProcSys = []string{"unshare", "--mount", "--propagation", "private", "sh", "-c",
+	`mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$0" "$@"`}
+
+// TestReadOnlyProcSys: the DaemonSet's way. With /proc/sys read-only the
+// daemon refuses to start while a conntrack setting differs, naming
+// --init-only; once `run --init-only` made the settings with a writable
+// /proc/sys (the privileged init container), it starts, writes nothing, and
+// serves.
+func TestReadOnlyProcSys(t *testing.T) {
+	if binary == "" {
+		netns.Require(t)
+		t.Skip("needs root and network namespaces: " + netns.Usable())
+	}
+	topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2ro", Pods: 1})
+	if _, err := topo.Pods[0].ServeName("tcp", 8080); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	vip := netip.MustParseAddrPort("10.96.0.91:80")
+	web := svcSpec{name: "web", clusterIP: vip.Addr().String(), port: 80, endpoints: []string{topo.Pods[0].Addr.String()}}.yaml()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(web), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"run", "--manifests", dir, "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16",
+		"--healthz-bind-address", "", "--metrics-bind-address", "", "--conntrack-tcp-timeout-established", "3h"}
+	const setting = "nf_conntrack_tcp_timeout_established"
+
+	out, err := topo.Node.Exec(append(append(readOnlyProcSys, binary), args...)...)
+	if err == nil || !strings.Contains(out, "read-only file system") || !strings.Contains(out, "--init-only") {
+		t.Fatalf("read-only /proc/sys before --init-only: %v, want a refusal naming --init-only:\n%s", err, out)
+	}
+	if out, err := topo.Node.Exec(append([]string{binary}, append(args, "--init-only")...)...); err != nil {
+		t.Fatalf("--init-only: %v\n%s", err, out)
+	}
+	got, err := topo.Node.Exec("cat", "/proc/sys/net/netfilter/"+setting)
+	if err != nil || strings.TrimSpace(got) != "10800" {
+		t.Fatalf("%s after --init-only: %q %v, want 10800", setting, got, err)
+	}
+
+	d, err := StartCommand(topo.Node, readOnlyProcSys[0], append(append(readOnlyProcSys[1:], binary), args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("nftproxy log:\n%s", d.Log())
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := d.WaitSynced(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(d.Log(), `"msg":"Set sysctl"`) {
+		t.Errorf("a setting was written with /proc/sys read-only:\n%s", d.Log())
+	}
+	if name, err := topo.Client.AskTCP(ctx, vip); err != nil || name != topo.Pods[0].Name {
+		t.Errorf("ask %s: %q %v, want %s", vip, name, err, topo.Pods[0].Name)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +243,50 @@ func TestProxyModeAndConfigz(t *testing.T) {
 	c := configz["kubeproxy.config.k8s.io"]
 	if c.Mode != "nftables" || c.ClusterCIDR != "10.244.0.0/16" || c.NFTables.MasqueradeBit != 13 {
 		t.Errorf("/configz = %s", body)
+	}
+}
+
+// TestApplySysctlsWritesOnlyChanges: as kube-proxy, a setting that already
+// has its value (or, for nf_conntrack_max, more) is left alone, so a daemon
+// whose /proc/sys is read-only starts once --init-only made the settings.
+func TestApplySysctlsWritesOnlyChanges(t *testing.T) {
+	past := time.Now().Add(-time.Hour).Truncate(time.Second)
+	tests := []struct {
+		name      string
+		now       string
+		s         sysctl
+		want      string
+		untouched bool
+	}{
+		{"same value", "86400", sysctl{name: "a", value: 86400}, "86400", true},
+		{"other value", "432000", sysctl{name: "a", value: 86400}, "86400", false},
+		{"raise only, larger", "262144", sysctl{name: "a", value: 131072, raiseOnly: true}, "262144", true},
+		{"raise only, smaller", "65536", sysctl{name: "a", value: 131072, raiseOnly: true}, "131072", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := sysctlFS{root: t.TempDir()}
+			path := filepath.Join(fs.root, tt.s.name)
+			if err := os.WriteFile(path, []byte(tt.now+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(path, past, past); err != nil {
+				t.Fatal(err)
+			}
+			if err := fs.apply(zap.NewNop(), []sysctl{tt.s}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := fs.read(tt.s.name)
+			if err != nil || strconv.Itoa(got) != tt.want {
+				t.Errorf("value %d (%v), want %s", got, err, tt.want)
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if untouched := fi.ModTime().Equal(past); untouched != tt.untouched {
+				t.Errorf("file left alone: %v, want %v", untouched, tt.untouched)
+			}
+		})
 	}
 }

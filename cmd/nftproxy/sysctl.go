@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,38 +49,53 @@ func conntrackSysctls(ct conntrackTuning, cpus int) []sysctl {
 	return out
 }
 
-// applySysctls writes the settings. nf_conntrack_max is global and read-only
-// outside the initial network namespace: that one is skipped with a log
-// line, as kube-proxy does; any other failure is an error.
+// applySysctls makes the settings as kube-proxy does: a setting that already
+// has its value is not written, so the daemon starts with a read-only
+// /proc/sys (a container that is not privileged) once `--init-only` made
+// them, in the DaemonSet's privileged init container. nf_conntrack_max is
+// global and read-only outside the initial network namespace: that one is
+// skipped with a log line; any other failure is an error.
 func applySysctls(log *zap.Logger, settings []sysctl) error {
+	return procSys.apply(log, settings)
+}
+
+// sysctlFS reads and writes settings under a /proc/sys.
+type sysctlFS struct{ root string }
+
+var procSys = sysctlFS{root: "/proc/sys"}
+
+func (fs sysctlFS) apply(log *zap.Logger, settings []sysctl) error {
 	for _, s := range settings {
-		path := filepath.Join("/proc/sys", s.name)
-		if s.raiseOnly {
-			if cur, err := readSysctl(s.name); err == nil && cur >= s.value {
-				continue
-			}
+		cur, err := fs.read(s.name)
+		if err == nil && (cur == s.value || s.raiseOnly && cur >= s.value) {
+			continue
 		}
-		err := os.WriteFile(path, []byte(strconv.Itoa(s.value)), 0o644)
+		err = os.WriteFile(filepath.Join(fs.root, s.name), []byte(strconv.Itoa(s.value)), 0o644)
 		if err != nil && s.name == "net/netfilter/nf_conntrack_max" &&
 			(errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist)) {
 			log.Info("Skipping nf_conntrack_max: it cannot be set from this network namespace", zap.Int("wanted", s.value), zap.Error(err))
 			continue
 		}
+		if errors.Is(err, syscall.EROFS) {
+			return fmt.Errorf("set sysctl %s=%d (now %d): %w; run `nftproxy run --init-only` with a writable /proc/sys first, as deploy/'s init container does", s.name, s.value, cur, err)
+		}
 		if err != nil {
 			return fmt.Errorf("set sysctl %s=%d: %w", s.name, s.value, err)
 		}
-		log.Info("Set sysctl", zap.String("name", s.name), zap.Int("value", s.value))
+		log.Info("Set sysctl", zap.String("name", s.name), zap.Int("before", cur), zap.Int("value", s.value))
 	}
 	return nil
 }
 
-func readSysctl(name string) (int, error) {
-	b, err := os.ReadFile(filepath.Join("/proc/sys", name))
+func (fs sysctlFS) read(name string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(fs.root, name))
 	if err != nil {
 		return 0, err
 	}
 	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
+
+func readSysctl(name string) (int, error) { return procSys.read(name) }
 
 // setOOMScoreAdj sets the process's oom_score_adj as kube-proxy does; a
 // failure is logged, not fatal (kube-proxy's behaviour).
