@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,4 +165,57 @@ func TestPrimaryNodePorts(t *testing.T) {
 			"conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n")
 		check(t, topo, "kube-proxy")
 	})
+}
+
+// TestRouteLocalnetOwnership: --localhost-nodeports turns route_localnet on
+// only after the sync that installed the localnet guard, a restart keeps
+// knowing that nftproxy turned it on, and cleanup turns it off again; where
+// it was on before nftproxy, cleanup leaves it on.
+func TestRouteLocalnetOwnership(t *testing.T) {
+	if binary == "" {
+		netns.Require(t)
+		t.Skip("needs root and network namespaces: " + netns.Usable())
+	}
+	const key = "net/ipv4/conf/all/route_localnet"
+	manifest := svcSpec{name: "web", clusterIP: "10.96.0.78", port: 80, nodePort: 30081, endpoints: []string{"10.244.1.10"}}.yaml()
+	read := func(t *testing.T, topo *netns.Topology) string {
+		out, err := topo.Node.Exec("cat", "/proc/sys/"+key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(out)
+	}
+	for _, tt := range []struct {
+		name, before, afterCleanup string
+	}{
+		{"OffBefore", "0", "0"},
+		{"OnBefore", "1", "1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			topo := netns.NewTopology(t, netns.TopologyOptions{Prefix: "e2rl", Pods: 1})
+			if err := topo.Node.Sysctl(key, tt.before); err != nil {
+				t.Fatal(err)
+			}
+			for run := range 2 { // the second is a restart
+				d := startOnManifest(t.Context(), t, topo, manifest, "--localhost-nodeports")
+				if got := read(t, topo); got != "1" {
+					t.Fatalf("run %d: route_localnet %s after the first sync, want 1", run, got)
+				}
+				log := d.Log()
+				synced, set := strings.Index(log, `"msg":"Synced"`), strings.Index(log, `"name":"`+key+`"`)
+				if tt.before == "0" && run == 0 && (set < 0 || set < synced) {
+					t.Errorf("route_localnet set at %d of the log, the first sync at %d: want it after the sync that installs the guard:\n%s", set, synced, log)
+				}
+				if err := d.Stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if out, err := topo.Node.Exec(binary, "cleanup"); err != nil {
+				t.Fatalf("cleanup: %v\n%s", err, out)
+			}
+			if got := read(t, topo); got != tt.afterCleanup {
+				t.Errorf("route_localnet %s after cleanup, want %s", got, tt.afterCleanup)
+			}
+		})
+	}
 }

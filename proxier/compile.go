@@ -37,6 +37,10 @@ type Config struct {
 	// LocalhostNodePorts serves IPv4 NodePorts on 127.0.0.0/8 too, as
 	// kube-proxy's iptables mode does (the daemon sets route_localnet).
 	LocalhostNodePorts bool
+	// RouteLocalnetOwned records in the localnet guard's comment that
+	// nftproxy turned route_localnet on, so that cleanup turns it off again
+	// and a restart knows it still owns it (RouteLocalnetOwned).
+	RouteLocalnetOwned bool
 	// ServiceCIDRs are the ranges ClusterIPs come from: traffic to an
 	// address in them that no service has is dropped.
 	ServiceCIDRs []netip.Prefix
@@ -875,7 +879,39 @@ func (c *compiler) localnetGuard() (m.Rule, bool) {
 		m.MatchCtStateEstablished{Negate: true},
 		m.MatchCtStatusDNAT{Negate: true},
 		m.Verdict{Kind: m.Drop},
-	}, Comment: "block incoming localnet connections"}, true
+	}, Comment: c.localnetComment()}, true
+}
+
+// The localnet guard's comments: the second says nftproxy set route_localnet.
+const (
+	localnetGuardComment = "block incoming localnet connections"
+	localnetOwnedComment = localnetGuardComment + "; route_localnet set by nftproxy"
+)
+
+func (c *compiler) localnetComment() string {
+	if c.cfg.RouteLocalnetOwned {
+		return localnetOwnedComment
+	}
+	return localnetGuardComment
+}
+
+// RouteLocalnetOwned tells whether rs, an IPv4 table read from the kernel,
+// says that nftproxy turned route_localnet on.
+func RouteLocalnetOwned(rs *m.Ruleset) bool {
+	if rs == nil {
+		return false
+	}
+	for _, ch := range rs.Chains {
+		if ch.Name != chainFilterInput {
+			continue
+		}
+		for _, r := range ch.Rules {
+			if r.Comment == localnetOwnedComment {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // nodePortPrefixes are the destinations NodePorts answer on in the compiled

@@ -239,3 +239,19 @@ func hint(h *k8s.Hints, zone, node string) *k8s.Hints {
 	}
 	return out
 }
+
+// TestRouteLocalnetOwned: the localnet guard's comment carries whether
+// nftproxy turned route_localnet on, and only the guard does.
+func TestRouteLocalnetOwned(t *testing.T) {
+	for _, tt := range []struct {
+		localhost, owned, want bool
+	}{{true, true, true}, {true, false, false}, {false, true, false}} {
+		cfg := Config{Family: m.IPv4, ClusterCIDRs: testConfig.ClusterCIDRs, LocalhostNodePorts: tt.localhost, RouteLocalnetOwned: tt.owned}
+		if got := RouteLocalnetOwned(Compile(&k8s.Snapshot{}, cfg)); got != tt.want {
+			t.Errorf("localhost %v, owned %v: RouteLocalnetOwned %v, want %v", tt.localhost, tt.owned, got, tt.want)
+		}
+	}
+	if RouteLocalnetOwned(nil) {
+		t.Error("no table: owned")
+	}
+}

@@ -91,6 +91,10 @@ type Options struct {
 	// nftnl.Watcher.Pause); a commit of another program meanwhile, told
 	// by the generation, makes Run repair at once.
 	Notifications Pauser
+	// AfterSync, when set, runs after each successful sync until it
+	// returns nil: what may only happen once the rules are in the kernel
+	// (route_localnet, after the localnet guard). Its errors are logged.
+	AfterSync func() error
 }
 
 // Pauser is a subscription to notifications that can be paused.
@@ -280,6 +284,13 @@ func (p *Proxier) Run(ctx context.Context, src Source) {
 			start := time.Now()
 			debug.FreeOSMemory()
 			p.opts.Logger.Debug("Released memory after a full sync", zap.Duration("took", time.Since(start)))
+		}
+		if p.opts.AfterSync != nil {
+			if err := p.opts.AfterSync(); err != nil {
+				p.opts.Logger.Error("After the sync", zap.Error(err))
+			} else {
+				p.opts.AfterSync = nil
+			}
 		}
 		pending, full = false, false
 	}

@@ -22,19 +22,21 @@ func (f flowCleaner) Clean(ctx context.Context, prev, next *k8s.Snapshot) (proxi
 	return proxier.FlowsDeleted{IPv4: res.Deleted - res.DeletedIPv6, IPv6: res.DeletedIPv6}, err
 }
 
-// cleanup removes nftproxy's tables of both families from this namespace.
+// cleanup removes nftproxy's tables of both families from this namespace,
+// and turns route_localnet off again where nftproxy turned it on.
 func cleanup() error {
 	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	owned := ownsRouteLocalnet(conn)
 	for _, f := range []nftmodel.Family{nftmodel.IPv4, nftmodel.IPv6} {
 		if err := nftnl.Delete(conn, f, proxier.TableName); err != nil {
 			return err
 		}
 	}
-	return nil
+	return restoreRouteLocalnet(owned)
 }
 
 // cleanupKubeProxy removes kube-proxy's iptables chains and nftables tables

@@ -89,12 +89,19 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	enableLocalnet, err := routeLocalnet(conn, cfgs)
+	if err != nil {
+		return err
+	}
 	hc := proxier.NewHealthChecks(log, health, proxier.HealthCheckOptions{Configs: cfgs,
 		LocalAddrs: conntrack.InterfaceAddrs, BindFailures: metrics.HealthCheckBindFailures})
 	defer hc.Close()
 	popts := proxier.Options{Configs: cfgs, MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod,
 		Kernel: kernel(ctx, o, conn, len(cfgs), log), OwnPort: conn.OwnPort, Logger: log, Metrics: metrics, Health: health, HealthChecks: hc,
 		ReleaseMemory: true, FullSyncMemoryFactor: fullSyncMemoryFactor()}
+	if enableLocalnet != nil {
+		popts.AfterSync = func() error { return enableLocalnet(log) }
+	}
 	if o.conntrack {
 		ct, err := conntrack.Dial(0)
 		if err != nil {
@@ -137,19 +144,12 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	return nil
 }
 
-// initNode makes the start-up settings kube-proxy makes: oom_score_adj,
-// conntrack tuning and route_localnet.
+// initNode makes the start-up settings kube-proxy makes: oom_score_adj and
+// conntrack tuning. route_localnet waits for the first sync (routeLocalnet).
 func initNode(o *options, log *zap.Logger) error {
 	setOOMScoreAdj(log, o.oomScoreAdj)
 	if err := applySysctls(log, conntrackSysctls(o.ct, numCPU())); err != nil {
 		return err
-	}
-	if o.localhostNodePorts {
-		// Without it the kernel drops packets from 127.0.0.0/8 routed to a
-		// pod; the ruleset's localnet guard closes what it opens.
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/route_localnet", []byte("1"), 0o644); err != nil {
-			return fmt.Errorf("enable route_localnet for --localhost-nodeports: %w", err)
-		}
 	}
 	return nil
 }
