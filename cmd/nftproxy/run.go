@@ -41,14 +41,7 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		log.Info("Node initialized and --init-only given: exiting")
 		return nil
 	}
-	// kube-proxy drops packets conntrack calls invalid unless the kernel is
-	// liberal with TCP windows, whoever set that.
-	if v, err := readSysctl("net/netfilter/nf_conntrack_tcp_be_liberal"); err == nil && v != 0 {
-		log.Info("nf_conntrack_tcp_be_liberal set, not dropping packets conntrack calls invalid")
-		for i := range cfgs {
-			cfgs[i].DropInvalid = false
-		}
-	}
+	keepInvalidWhenLiberal(cfgs, log)
 	metrics := proxier.NewMetrics()
 	metrics.Registry.MustRegister(proxier.BuildInfo(version, commit))
 	clientMetrics := k8s.NewClientMetrics()
@@ -58,29 +51,11 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Bind the servers first: a port in use is a start-up error, not a
-	// background one.
 	health := proxier.NewHealth(2 * max(o.syncPeriod, time.Second))
 	// kube-proxy reads its Node from the API server; without one /healthz fails.
 	health.RequireNode = o.manifests == ""
 	metrics.Registry.MustRegister(health.Collectors()...)
-	mux := http.NewServeMux()
-	mux.Handle("/healthz", health.Healthz())
-	mux.Handle("/livez", health.Livez())
-	if err := serve(ctx, log, "healthz", o.healthzBindAddress, mux); err != nil {
-		return err
-	}
-	metricsMux := http.NewServeMux()
-	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
-	addStatusHandlers(metricsMux, o)
-	if o.profiling {
-		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
-		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		metricsMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		metricsMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		metricsMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	if err := serve(ctx, log, "metrics", o.metricsBindAddress, metricsMux); err != nil {
+	if err := serveStatus(ctx, o, log, metrics, health); err != nil {
 		return err
 	}
 
@@ -122,9 +97,49 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		}
 		return err
 	}
+	runSyncLoop(ctx, o, log, popts, tracker)
+	log.Info("Stopping; the rules stay in place")
+	return nil
+}
+
+// keepInvalidWhenLiberal: kube-proxy drops packets conntrack calls invalid
+// unless the kernel is liberal with TCP windows, whoever set that.
+func keepInvalidWhenLiberal(cfgs []proxier.Config, log *zap.Logger) {
+	if v, err := readSysctl("net/netfilter/nf_conntrack_tcp_be_liberal"); err == nil && v != 0 {
+		log.Info("nf_conntrack_tcp_be_liberal set, not dropping packets conntrack calls invalid")
+		for i := range cfgs {
+			cfgs[i].DropInvalid = false
+		}
+	}
+}
+
+// serveStatus binds the healthz and metrics servers before anything else
+// runs: a port in use is a start-up error, not a background one.
+func serveStatus(ctx context.Context, o *options, log *zap.Logger, metrics *proxier.Metrics, health *proxier.Health) error {
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", health.Healthz())
+	mux.Handle("/livez", health.Livez())
+	if err := serve(ctx, log, "healthz", o.healthzBindAddress, mux); err != nil {
+		return err
+	}
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	addStatusHandlers(metricsMux, o)
+	if o.profiling {
+		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
+		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		metricsMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		metricsMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		metricsMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return serve(ctx, log, "metrics", o.metricsBindAddress, metricsMux)
+}
+
+// runSyncLoop runs the proxier until ctx ends. Other programs' changes to
+// our tables are repaired at once, from nftables' notifications, not at the
+// next --sync-period; without notifications only the period does it.
+func runSyncLoop(ctx context.Context, o *options, log *zap.Logger, popts proxier.Options, tracker *k8s.Tracker) {
 	log.Info("Starting sync loop", zap.Duration("minSyncPeriod", o.minSyncPeriod), zap.Duration("syncPeriod", o.syncPeriod))
-	// Other programs' changes to our tables are repaired at once, not at
-	// the next --sync-period; without notifications only the period does it.
 	watcher, err := nftnl.NewWatcher(0)
 	if err != nil {
 		log.Error("Watching nftables notifications failed; drift is repaired every --sync-period only", zap.Error(err))
@@ -140,8 +155,6 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		}()
 	}
 	px.Run(ctx, tracker)
-	log.Info("Stopping; the rules stay in place")
-	return nil
 }
 
 // initNode makes the start-up settings kube-proxy makes: oom_score_adj and
