@@ -442,85 +442,26 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 		}
 	}
 	defer resume()
-	allFull := true
-	var commits uint32
-	kinds := make([]string, len(p.opts.Configs))
-	own := make([]time.Duration, len(p.opts.Configs))
 	serviceChanges, endpointChanges := countChanges(in.ports)
 	mt.ServiceChanges.Add(float64(serviceChanges))
 	mt.EndpointChanges.Add(float64(endpointChanges))
-	for i, cfg := range p.opts.Configs {
-		familyStart := time.Now()
-		state, stats, kind, err := p.apply(&in, cfg)
-		kinds[i] = kind
-		switch {
-		case err == nil && kind == "full" && stats.Kept == 0:
-			// A new or recreated table holds no affinity entry yet.
-			state.takePrune()
-		case err == nil:
-			var pruned int
-			pruned, err = p.pruneAffinity(state, cfg)
-			if pruned > 0 {
-				commits++
-			}
-		}
-		own[i] = time.Since(familyStart)
-		if err != nil {
-			// Every state must be at p.ports, which the next sync starts
-			// from; the families synced before this one are past it.
-			clear(p.applied)
-			mt.SyncFailures.Inc()
-			mt.NFTablesFailures.WithLabelValues(familyLabel(cfg.Family)).Inc()
-			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
-				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
-			return fmt.Errorf("sync %s table: %w", cfg.Family, err)
-		}
-		p.applied[cfg.Family] = state
-		if kind != "none" {
-			commits++
-		}
-		if kind == "full" {
-			mt.FullSyncs.Inc()
-		} else {
-			allFull = false
-		}
-		if stats.Messages > 0 {
-			mt.BatchMessages.Observe(float64(stats.Messages))
-		}
-		mt.RulesetElements.WithLabelValues(cfg.Family.String()).Set(float64(state.elements()))
-		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
-			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
-		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
-			ce.Write(zap.String("ruleset", m.Render(state.ruleset(in.snapshot(p.ports)))))
-		}
+	fs, err := p.applyFamilies(&in)
+	if err != nil {
+		return err
 	}
 	wasPaused := paused
 	resume()
 	after, err := p.opts.Kernel.Generation()
-	if genErr == nil && err == nil && after-before == commits && (wasKnown || allFull) {
+	if genErr == nil && err == nil && after-before == fs.commits && (wasKnown || fs.allFull) {
 		p.gen, p.genKnown = after, true
 	}
-	if wasPaused && (genErr != nil || err != nil || after-before != commits) {
+	if wasPaused && (genErr != nil || err != nil || after-before != fs.commits) {
 		// Another program committed while nobody listened: maybe to our tables.
 		p.drift.raise(tamperUnknown)
 	}
 	elapsed := time.Since(start)
 	p.countNoLocal(&in)
-	mt.SyncTotal.Observe(elapsed.Seconds())
-	for i, cfg := range p.opts.Configs {
-		family := familyLabel(cfg.Family)
-		took := familyDuration(elapsed, own, i).Seconds()
-		mt.SyncDuration.WithLabelValues(family).Observe(took)
-		if kinds[i] == "full" {
-			mt.SyncFullDuration.WithLabelValues(family).Observe(took)
-		} else {
-			mt.SyncPartialDuration.WithLabelValues(family).Observe(took)
-		}
-		mt.SyncLastTimestamp.WithLabelValues(family).SetToCurrentTime()
-		nl := p.noLocal[cfg.Family]
-		mt.NoLocalEndpoints.WithLabelValues("internal", family).Set(float64(nl.internal))
-		mt.NoLocalEndpoints.WithLabelValues("external", family).Set(float64(nl.external))
-	}
+	p.recordSync(elapsed, fs)
 	p.opts.Health.Updated()
 	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
 		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
@@ -538,6 +479,88 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	}
 	p.node = in.node
 	return nil
+}
+
+// familiesSynced is what applyFamilies did: each family's kind of sync and
+// own time, and the commits it made.
+type familiesSynced struct {
+	kinds   []string
+	own     []time.Duration
+	commits uint32
+	allFull bool
+}
+
+// applyFamilies brings each family's table to in; on a failure the tables
+// are unknown and the next sync is full.
+func (p *Proxier) applyFamilies(in *syncInput) (familiesSynced, error) {
+	log, mt := p.opts.Logger, p.opts.Metrics
+	fs := familiesSynced{kinds: make([]string, len(p.opts.Configs)), own: make([]time.Duration, len(p.opts.Configs)), allFull: true}
+	for i, cfg := range p.opts.Configs {
+		familyStart := time.Now()
+		state, stats, kind, err := p.apply(in, cfg)
+		fs.kinds[i] = kind
+		switch {
+		case err == nil && kind == "full" && stats.Kept == 0:
+			// A new or recreated table holds no affinity entry yet.
+			state.takePrune()
+		case err == nil:
+			var pruned int
+			pruned, err = p.pruneAffinity(state, cfg)
+			if pruned > 0 {
+				fs.commits++
+			}
+		}
+		fs.own[i] = time.Since(familyStart)
+		if err != nil {
+			// Every state must be at p.ports, which the next sync starts
+			// from; the families synced before this one are past it.
+			clear(p.applied)
+			mt.SyncFailures.Inc()
+			mt.NFTablesFailures.WithLabelValues(familyLabel(cfg.Family)).Inc()
+			log.Error("Sync failed; the previous ruleset stays in place and the next sync is full",
+				zap.Stringer("family", cfg.Family), zap.String("kind", kind), zap.Error(err))
+			return fs, fmt.Errorf("sync %s table: %w", cfg.Family, err)
+		}
+		p.applied[cfg.Family] = state
+		if kind != "none" {
+			fs.commits++
+		}
+		if kind == "full" {
+			mt.FullSyncs.Inc()
+		} else {
+			fs.allFull = false
+		}
+		if stats.Messages > 0 {
+			mt.BatchMessages.Observe(float64(stats.Messages))
+		}
+		mt.RulesetElements.WithLabelValues(cfg.Family.String()).Set(float64(state.elements()))
+		log.Debug("Synced ruleset", zap.Stringer("family", cfg.Family), zap.String("kind", kind),
+			zap.Int("messages", stats.Messages), zap.Int("elements", stats.Elements), zap.Int("rules", stats.Rules))
+		if ce := log.Check(zap.DebugLevel-1, "Applied ruleset"); ce != nil {
+			ce.Write(zap.String("ruleset", m.Render(state.ruleset(in.snapshot(p.ports)))))
+		}
+	}
+	return fs, nil
+}
+
+// recordSync observes a successful sync in the metrics.
+func (p *Proxier) recordSync(elapsed time.Duration, fs familiesSynced) {
+	mt := p.opts.Metrics
+	mt.SyncTotal.Observe(elapsed.Seconds())
+	for i, cfg := range p.opts.Configs {
+		family := familyLabel(cfg.Family)
+		took := familyDuration(elapsed, fs.own, i).Seconds()
+		mt.SyncDuration.WithLabelValues(family).Observe(took)
+		if fs.kinds[i] == "full" {
+			mt.SyncFullDuration.WithLabelValues(family).Observe(took)
+		} else {
+			mt.SyncPartialDuration.WithLabelValues(family).Observe(took)
+		}
+		mt.SyncLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+		nl := p.noLocal[cfg.Family]
+		mt.NoLocalEndpoints.WithLabelValues("internal", family).Set(float64(nl.internal))
+		mt.NoLocalEndpoints.WithLabelValues("external", family).Set(float64(nl.external))
+	}
 }
 
 // countNoLocal brings the no-local-endpoints counts to the sync's state:
