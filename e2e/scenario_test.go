@@ -28,6 +28,13 @@ func startUntilCleanup(t testing.TB, ns *netns.NS, env []string, args ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
+	stopAtCleanup(t, d)
+	return d
+}
+
+// stopAtCleanup stops d when the test ends, reports a failed stop, and
+// shows the daemon's log if the test failed.
+func stopAtCleanup(t testing.TB, d *Daemon) {
 	t.Cleanup(func() {
 		if err := d.Stop(); err != nil {
 			t.Error(err)
@@ -36,7 +43,6 @@ func startUntilCleanup(t testing.TB, ns *netns.NS, env []string, args ...string)
 			t.Logf("nftproxy log:\n%s", d.Log())
 		}
 	})
-	return d
 }
 
 // startOnManifest runs nftproxy in topo's node namespace as node-1 on a

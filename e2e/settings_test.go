@@ -155,14 +155,7 @@ func TestReadOnlyProcSys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("nftproxy log:\n%s", d.Log())
-		}
-	})
+	stopAtCleanup(t, d)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := d.WaitSynced(ctx, 1); err != nil {
