@@ -12,6 +12,15 @@
 // sending, see libEncoder), set elements are encoded straight into the
 // batch's one buffer (wire.go), which goes out in a single sendmsg.
 //
+// The module is pinned to a master pseudo-version: its one tag, v0.3.0,
+// lacks what nftproxy uses (checked 2026-12-05 by building against it:
+// Conn.GetGen, TableFlags and TableFlagOwner, the conntrack address keys
+// expr.CtKeySRCIP/DSTIP(6), Set.DataInterval). The capture through the
+// library's test hook, TestDial, stays the one seam into its encoding,
+// with the framing check and TestLibEncoderGolden beside it. What would
+// remove it upstream: a call that returns the messages a Conn has queued
+// (the batch Flush would send) without sending them.
+//
 // Everything works on a Conn from the caller (Dial): it reads the kernel's
 // state through the library and sends batches on a socket it keeps in the
 // same network namespace, so tests point it at a namespace of their own, or
