@@ -66,18 +66,22 @@ type Tracker struct {
 	keys          []types.NamespacedName // of services with ports, sorted
 	nPorts        int
 	skip          map[ServicePortName]bool // ports left out for a conflict
-	conflicts     []*ObjectError
+	// conflicts holds those ports by service, so that a check can forget
+	// the outcome of the services it weighs again, and only theirs.
+	conflicts map[types.NamespacedName][]portConflict
 
 	// dirty holds the service ports that changed since the last
 	// TakeChanges: the proxier's delta sync looks at these only.
 	dirty map[ServicePortName]struct{}
-	// claims counts the service ports that claim each address, protocol
-	// and port (and node port), so that a service change whose keys no
-	// other port claims, before or after, skips the conflict check.
-	claims map[claimKey]int
-	// contested: a service change touched a key another port claims; the
-	// conflicts must be found again.
-	contested bool
+	// claims lists the services whose ports claim each address, protocol
+	// and port (and node port): a service change whose keys no other port
+	// claims, before or after, skips the conflict check, and one that
+	// touches a claimed key tells whom the check must weigh.
+	claims map[claimKey]claimants
+	// contested holds the services that claimed or claim a key another
+	// port claims too, since the last check: the conflicts among them and
+	// those they compete with must be found again.
+	contested map[types.NamespacedName]struct{}
 
 	// started: trigger times before it are ignored, as kube-proxy does, so
 	// the objects listed at start-up don't count as programmed late.
@@ -126,7 +130,10 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		byService: map[types.NamespacedName][]*SliceEndpoints{},
 		merged:    map[types.NamespacedName][]ServicePort{},
 		dirty:     map[ServicePortName]struct{}{},
-		claims:    map[claimKey]int{},
+		skip:      map[ServicePortName]bool{},
+		conflicts: map[types.NamespacedName][]portConflict{},
+		claims:    map[claimKey]claimants{},
+		contested: map[types.NamespacedName]struct{}{},
 		started:   time.Now(),
 		triggers:  map[types.NamespacedName][]TriggerTime{},
 	}
@@ -342,7 +349,10 @@ func (t *Tracker) setService(b *batch, svc *v1.Service) {
 		t.stats.ServiceChanges++
 		delete(t.merged, key)
 		t.servicesDirty = true
-		t.portsChanged(oldPorts, ports)
+		t.portsChanged(key, oldPorts, ports)
+		b.changed = true
+	} else if old != nil && !old.created.Equal(&e.created) && t.recontest(key, ports) {
+		// The age decides who keeps a contested key.
 		b.changed = true
 	}
 }
@@ -357,34 +367,99 @@ func (t *Tracker) deleteService(b *batch, key types.NamespacedName) {
 	if len(old.ports) > 0 {
 		t.stats.ServiceChanges++
 		t.servicesDirty = true
-		t.portsChanged(old.ports, nil)
+		t.portsChanged(key, old.ports, nil)
 		b.changed = true
 	}
 }
 
 // portsChanged marks the ports of a service's old and new version dirty and
-// moves their claims; a key another port claims too makes the conflicts be
-// found again.
-func (t *Tracker) portsChanged(old, new []ServicePort) {
+// moves their claims; a key another port claims too, before or after, makes
+// the conflicts among its claimants be found again.
+func (t *Tracker) portsChanged(key types.NamespacedName, old, new []ServicePort) {
 	for i := range old {
 		t.dirty[old[i].Name] = struct{}{}
 		for _, k := range claimKeys(&old[i]) {
-			if t.claims[k] > 1 {
-				t.contested = true
-			}
-			if t.claims[k]--; t.claims[k] <= 0 {
+			c := t.claims[k]
+			t.contest(&c)
+			if c.remove(key); c.len() == 0 {
 				delete(t.claims, k)
+			} else {
+				t.claims[k] = c
 			}
 		}
 	}
 	for i := range new {
 		t.dirty[new[i].Name] = struct{}{}
 		for _, k := range claimKeys(&new[i]) {
-			if t.claims[k]++; t.claims[k] > 1 {
-				t.contested = true
-			}
+			c := t.claims[k]
+			c.add(key)
+			t.claims[k] = c
+			t.contest(&c)
 		}
 	}
+}
+
+// recontest makes the conflicts among the claimants of the service's
+// contested keys be found again; it tells whether it had any.
+func (t *Tracker) recontest(key types.NamespacedName, ports []ServicePort) bool {
+	found := false
+	for i := range ports {
+		for _, k := range claimKeys(&ports[i]) {
+			c := t.claims[k]
+			found = t.contest(&c) || found
+		}
+	}
+	return found
+}
+
+// contest marks the claimants of a key contested when there are several.
+func (t *Tracker) contest(c *claimants) bool {
+	if c.len() < 2 {
+		return false
+	}
+	t.contested[c.first] = struct{}{}
+	for _, s := range c.more {
+		t.contested[s] = struct{}{}
+	}
+	return true
+}
+
+// claimants are the services whose ports claim a key, once per port (a
+// service may claim a key twice). The first is held apart: most keys have
+// one claimant, and a slice for each would be an allocation per service.
+type claimants struct {
+	n     int
+	first types.NamespacedName
+	more  []types.NamespacedName
+}
+
+func (c *claimants) len() int { return c.n }
+
+func (c *claimants) add(s types.NamespacedName) {
+	if c.n == 0 {
+		c.first = s
+	} else {
+		c.more = append(c.more, s)
+	}
+	c.n++
+}
+
+// remove drops one claim of s; the others keep their order, which does not
+// matter: findConflicts orders the services it weighs itself.
+func (c *claimants) remove(s types.NamespacedName) {
+	switch i := slices.Index(c.more, s); {
+	case i >= 0:
+		c.more = slices.Delete(c.more, i, i+1)
+	case c.n > 0 && c.first == s:
+		if last := len(c.more) - 1; last >= 0 {
+			c.first, c.more = c.more[last], c.more[:last]
+		} else {
+			c.first = types.NamespacedName{}
+		}
+	default:
+		return
+	}
+	c.n--
 }
 
 // claimKey is a key findConflicts hands out: an address, protocol and
@@ -629,49 +704,86 @@ func (t *Tracker) sortKeys() {
 	})
 }
 
-// checkConflicts finds the conflicts again when a service change touched a
-// key another port claims (a change no other port competes with leaves them
-// as they are); the ports whose skipping changed become dirty. It returns
-// the conflicts that are new.
+// checkConflicts finds the conflicts again among the contested services and
+// those they compete with (a change no other port competes with leaves them
+// as they are; the other services keep theirs); the ports whose skipping
+// changed become dirty. It returns the conflicts that are new.
 func (t *Tracker) checkConflicts() []error {
-	if !t.contested {
+	if len(t.contested) == 0 {
 		return nil
 	}
-	t.contested = false
-	keys := make([]types.NamespacedName, 0, len(t.services))
-	for key, e := range t.services {
-		if len(e.ports) > 0 {
-			keys = append(keys, key)
-		}
-	}
-	slices.SortFunc(keys, func(a, b types.NamespacedName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
+	group := t.contestants()
 	old := map[string]bool{}
-	for _, c := range t.conflicts {
-		old[c.Error()] = true
+	oldSkip := map[ServicePortName]bool{}
+	forget := func(key types.NamespacedName) {
+		for _, c := range t.conflicts[key] {
+			old[c.err.Error()] = true
+			oldSkip[c.name] = true
+			delete(t.skip, c.name)
+		}
+		delete(t.conflicts, key)
 	}
-	oldSkip := t.skip
-	t.skip, t.conflicts = t.findConflicts(keys)
+	// A contested service may be gone, or claim nothing contested now:
+	// it is not in the group, and its conflicts are over.
+	for key := range t.contested {
+		forget(key)
+	}
+	for _, key := range group {
+		forget(key)
+	}
+	clear(t.contested)
+	var fresh []error
+	for _, c := range t.findConflicts(group) {
+		key := keyOf(c.name.Namespace, c.name.Name)
+		t.conflicts[key] = append(t.conflicts[key], c)
+		t.skip[c.name] = true
+		if !oldSkip[c.name] {
+			t.dirty[c.name] = struct{}{}
+		}
+		delete(oldSkip, c.name)
+		if !old[c.err.Error()] {
+			fresh = append(fresh, c.err)
+		}
+	}
 	for name := range oldSkip {
-		if !t.skip[name] {
-			t.dirty[name] = struct{}{}
-		}
-	}
-	for name := range t.skip {
-		if !oldSkip[name] {
-			t.dirty[name] = struct{}{}
-		}
+		t.dirty[name] = struct{}{}
 	}
 	// A skipped port still claims its keys in claims: a change next to it
 	// is contested, and the check runs again.
-	var fresh []error
-	for _, c := range t.conflicts {
-		if !old[c.Error()] {
-			fresh = append(fresh, c)
+	return fresh
+}
+
+// contestants returns the contested services that have ports and those
+// they compete with, directly or through others (the winner of a key may
+// be left out for another key, and then lose the first too): all those
+// reachable through keys claimed more than once. Whoever wins among them
+// depends on them alone.
+func (t *Tracker) contestants() []types.NamespacedName {
+	seen := map[types.NamespacedName]bool{}
+	var group []types.NamespacedName
+	visit := func(key types.NamespacedName) {
+		if e := t.services[key]; e != nil && len(e.ports) > 0 && !seen[key] {
+			seen[key] = true
+			group = append(group, key)
 		}
 	}
-	return fresh
+	for key := range t.contested {
+		visit(key)
+	}
+	for i := 0; i < len(group); i++ {
+		ports := t.services[group[i]].ports
+		for j := range ports {
+			for _, k := range claimKeys(&ports[j]) {
+				if c := t.claims[k]; c.len() > 1 {
+					visit(c.first)
+					for _, s := range c.more {
+						visit(s)
+					}
+				}
+			}
+		}
+	}
+	return group
 }
 
 // slicesOf returns the converted slices of a service, sorted by slice name.
@@ -690,19 +802,19 @@ type vipKey struct {
 // would put the same key in a map twice, and the kernel would refuse the
 // whole ruleset. The older service keeps the key; among equally old ones
 // (manifests have no timestamps) the first by namespace and name; services
-// without a timestamp come after those with one.
-func (t *Tracker) findConflicts(keys []types.NamespacedName) (map[ServicePortName]bool, []*ObjectError) {
-	order := slices.Clone(keys)
-	slices.SortStableFunc(order, func(a, b types.NamespacedName) int {
+// without a timestamp come after those with one. The services given must
+// include all those their ports compete with (contestants), in any order.
+func (t *Tracker) findConflicts(keys []types.NamespacedName) []portConflict {
+	slices.SortFunc(keys, func(a, b types.NamespacedName) int {
 		ta, tb := t.services[a].created, t.services[b].created
 		// An unknown age does not make a service the older one.
-		return cmp.Or(cmp.Compare(boolInt(ta.IsZero()), boolInt(tb.IsZero())), ta.Compare(tb.Time))
+		return cmp.Or(cmp.Compare(boolInt(ta.IsZero()), boolInt(tb.IsZero())), ta.Compare(tb.Time),
+			cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	vips := map[vipKey]ServicePortName{}
 	nodePorts := map[vipKey]ServicePortName{}
-	var skip map[ServicePortName]bool
-	var errs []*ObjectError
-	for _, key := range order {
+	var out []portConflict
+	for _, key := range keys {
 		ports := t.services[key].ports
 		for i := range ports {
 			sp := &ports[i]
@@ -710,15 +822,18 @@ func (t *Tracker) findConflicts(keys []types.NamespacedName) (map[ServicePortNam
 			if err == nil {
 				continue
 			}
-			if skip == nil {
-				skip = map[ServicePortName]bool{}
-			}
-			skip[sp.Name] = true
-			errs = append(errs, &ObjectError{Kind: KindService, Namespace: key.Namespace, Name: key.Name,
-				Field: "spec.ports", Skipped: portLabel(sp.Name.Port, int32(sp.Port), v1.Protocol(sp.Name.Protocol)), Err: err})
+			out = append(out, portConflict{name: sp.Name, err: &ObjectError{Kind: KindService, Namespace: key.Namespace,
+				Name: key.Name, Field: "spec.ports", Skipped: portLabel(sp.Name.Port, int32(sp.Port), v1.Protocol(sp.Name.Protocol)),
+				Err: err}})
 		}
 	}
-	return skip, errs
+	return out
+}
+
+// portConflict is a service port left out for a conflict, and why.
+type portConflict struct {
+	name ServicePortName
+	err  *ObjectError
 }
 
 func boolInt(b bool) int {
@@ -778,7 +893,11 @@ func (t *Tracker) Skipped() []*ObjectError {
 	if t.node != nil {
 		add(t.node.errs)
 	}
-	out = append(out, t.conflicts...)
+	for _, cs := range t.conflicts {
+		for _, c := range cs {
+			out = append(out, c.err)
+		}
+	}
 	t.mu.Unlock()
 	t.report(problems)
 	slices.SortFunc(out, func(a, b *ObjectError) int { return cmp.Compare(a.Error(), b.Error()) })
