@@ -107,7 +107,8 @@ func TestKubeProxyFlags(t *testing.T) {
 		{[]string{"--show-hidden-metrics-for-version=1.35"}, with(func(w *want) { w.warning = "--show-hidden-metrics-for-version" })},
 		{[]string{"--ipvs-scheduler=rr", "--ipvs-strict-arp=true"}, with(func(w *want) { w.warning = "--ipvs-s" })},
 		{[]string{"--boot-id-file=/proc/sys/kernel/random/boot_id", "--machine-id-file=/etc/machine-id"}, with(func(w *want) { w.warning = "cadvisor" })},
-		{[]string{"--logging-format=text", "--vmodule=x=2"}, with(func(w *want) { w.warning = "--logging-format=text" })},
+		{[]string{"--logging-format=text", "--vmodule=x=2"}, with(func(w *want) { w.warning = "--vmodule" })},
+		{[]string{"--proxy-port-range=30000-30100"}, with(func(w *want) { w.warning = "--proxy-port-range" })},
 		{[]string{"--master=https://10.0.0.1:6443", "--cleanup"}, def},
 	}
 	for _, tt := range tests {

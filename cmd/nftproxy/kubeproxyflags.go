@@ -26,7 +26,6 @@ type kubeProxyFlags struct {
 	ipvsSyncPeriod             time.Duration
 	ipvsMinSyncPeriod          time.Duration
 	iptablesLocalhostNodePorts bool
-	loggingFormat              string
 	// Flags of other modes or of logging that have no effect here: only
 	// warned about.
 	noEffect map[string]*string
@@ -52,10 +51,11 @@ func (k *kubeProxyFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&k.ipvsSyncPeriod, "ipvs-sync-period", 30*time.Second, "kube-proxy's --sync-period for --proxy-mode ipvs")
 	fs.DurationVar(&k.ipvsMinSyncPeriod, "ipvs-min-sync-period", time.Second, "kube-proxy's --min-sync-period for --proxy-mode ipvs")
 	fs.BoolVar(&k.iptablesLocalhostNodePorts, "iptables-localhost-nodeports", true, "with --proxy-mode iptables: serve NodePorts on 127.0.0.1 when --nodeport-addresses allow it, as kube-proxy's iptables mode; ignored otherwise, as in kube-proxy")
-	fs.StringVar(&k.loggingFormat, "logging-format", "text", "kube-proxy's log format: nftproxy logs JSON lines whatever it says")
 	k.noEffect = map[string]*string{}
 	for _, name := range []string{"ipvs-scheduler", "ipvs-exclude-cidrs", "ipvs-strict-arp", "ipvs-tcp-timeout",
-		"ipvs-tcpfin-timeout", "ipvs-udp-timeout", "vmodule", "log-flush-frequency",
+		"ipvs-tcpfin-timeout", "ipvs-udp-timeout", "vmodule",
+		// Gone from kube-proxy v1.36 (userspace mode's); old DaemonSets still pass it.
+		"proxy-port-range",
 		// cadvisor's, which kube-proxy's binary carries in its global flag set.
 		"boot-id-file", "machine-id-file"} {
 		k.noEffect[name] = fs.String(name, "", "kube-proxy's --"+name+": accepted with a warning, it has no effect in nftproxy")
@@ -96,9 +96,6 @@ func (o *options) applyKubeProxyFlags(fs *flag.FlagSet) error {
 		}
 		if set(fs, "show-hidden-metrics-for-version") {
 			o.warn("--show-hidden-metrics-for-version has no effect: nftproxy hides no metrics")
-		}
-		if set(fs, "logging-format") && k.loggingFormat != "json" {
-			o.warn("--logging-format=%s: nftproxy logs JSON lines", k.loggingFormat)
 		}
 		for name := range k.noEffect {
 			if set(fs, name) {

@@ -18,7 +18,6 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 // version and commit are set by the image build (make image: -ldflags -X).
@@ -70,7 +69,11 @@ func run(args []string) error {
 	if err := o.applyKubeProxyFlags(fs); err != nil {
 		return err
 	}
-	logger := newLogger(o.verbosity)
+	if err := o.applyLogFlags(); err != nil {
+		return err
+	}
+	logger, stopLog := newLogger(o.verbosity, o.log, os.Stdout, os.Stderr)
+	defer stopLog()
 	routeKlog(logger, o.verbosity)
 	defer func() { _ = logger.Sync() }()
 	for _, w := range o.warnings {
@@ -105,13 +108,4 @@ func run(args []string) error {
 		return cleanup()
 	}
 	return fmt.Errorf("unknown command %q (want run, dump, explain, list, cleanup or version)", cmd)
-}
-
-// newLogger logs structured lines to stderr; -v 2 enables debug, -v 4 also
-// the full ruleset text of each sync.
-func newLogger(v int) *zap.Logger {
-	cfg := zap.NewProductionEncoderConfig()
-	cfg.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.Lock(os.Stderr), level(v))
-	return zap.New(core)
 }

@@ -21,6 +21,7 @@ import (
 // options are the command-line flags, named as kube-proxy names them where
 // kube-proxy has the same setting.
 type options struct {
+	log                logOptions
 	manifests          string
 	kubeconfig         string
 	configFile         string
@@ -106,6 +107,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration as a KubeProxyConfiguration to this file and exit")
 	fs.BoolVar(&o.initOnly, "init-only", false, "set up the node (sysctls, conntrack tuning) and exit, as kube-proxy's init container does")
 	o.kp.register(fs)
+	o.log.register(fs)
 }
 
 // conntrackTuning is kube-proxy's conntrack section.
@@ -123,6 +125,12 @@ type conntrackTuning struct {
 var flagsBesideConfig = map[string]bool{"v": true, "hostname-override": true, "config": true,
 	"write-config-to": true, "init-only": true, "manifests": true, "node-ip": true, "service-cidr": true,
 	"conntrack": true, "localhost-nodeports": true, "cleanup-kube-proxy": true, "cleanup": true, "master": true, "src": true, "dst": true, "proto": true, "port": true}
+
+func init() {
+	for _, f := range logFlags {
+		flagsBesideConfig[f] = true
+	}
+}
 
 // kubeProxyConfiguration is KubeProxyConfiguration v1alpha1 as kube-proxy
 // v1.36 has it: every field is known, so strict decoding finds the unknown
@@ -226,6 +234,10 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 		d.hostnameOverride = c.HostnameOverride
 	}
 	d.hostnameOverride = strings.ToLower(strings.TrimSpace(d.hostnameOverride))
+	// kube-proxy lays its logging flags over the file's logging section.
+	if format, ok := c.Logging["format"].(string); ok && format != "" && !set(fs, "logging-format") {
+		d.log.format = format
+	}
 	d.kubeconfig = c.ClientConnection.Kubeconfig
 	if c.ClientConnection.ContentType != "" {
 		d.kubeAPIContentType = c.ClientConnection.ContentType
