@@ -269,11 +269,22 @@ func TestSemLoadBalancerSourceRanges(t *testing.T) {
 	s.semWantAnswers("client in the range", s.topo.Client, netip.Addr{}, lb, 5, pod)
 	s.semWantDropped("node (no address in the ranges)", s.topo.Node, netip.Addr{}, lb)
 
+	// A connection the client opened while allowed outlives its range, as
+	// with kube-proxy: only new connections are checked.
+	sess, err := s.topo.Client.ConnectTCP(s.ctx, netip.AddrPort{}, lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+
 	// The node's addresses in the ranges pass like any source; the client
 	// is no longer allowed. NodePorts are not filtered.
 	web.spec = "  loadBalancerSourceRanges: [10.0.0.0/8, 192.168.77.1/32]\n"
 	s.change(func() { s.write("web.yaml", web.yaml()) })
 	s.semWantDropped("client outside the ranges", s.topo.Client, netip.Addr{}, lb)
+	if got, err := sess.Echo(s.ctx, "still open"); err != nil || got != "still open" {
+		t.Errorf("connection opened in the range, after the range went: %q, %v; want it kept", got, err)
+	}
 	s.semWantAnswers("client to the NodePort", s.topo.Client, netip.Addr{}, nodePort, 5, pod)
 	s.semWantAnswers("node from its address in the range", s.topo.Node, netns.NodeAddr, lb, 5, pod)
 	s.semWantAnswers("node from its bridge address (in 10.0.0.0/8)", s.topo.Node, netns.BridgeAddr, lb, 5, pod)

@@ -825,9 +825,12 @@ func (c *compiler) baseChains() []*m.Chain {
 		// Counted: nftproxy_ct_state_invalid_dropped_packets_total.
 		forward = append(forward, m.Rule{Exprs: []m.Expr{m.MatchCtStateInvalid{}, m.Counter{}, m.Verdict{Kind: m.Drop}}})
 	}
-	// One rule for every load balancer's source ranges: a guarded address
-	// key whose source is in none of its ranges is dropped.
-	firewall := m.Rule{Exprs: []m.Expr{m.MatchSet{Key: vipKey, Set: setFirewallIPs},
+	// One rule for every load balancer's source ranges: a new connection
+	// to a guarded address key from a source in none of its ranges is
+	// dropped. Only new ones, as kube-proxy (ct state new): a connection
+	// already open outlives a change of the ranges, and its packets skip
+	// the two lookups.
+	firewall := m.Rule{Exprs: []m.Expr{m.MatchCtStateEstablished{Negate: true}, m.MatchSet{Key: vipKey, Set: setFirewallIPs},
 		m.MatchSet{Key: firewallKey, Set: setFirewallAllow, Negate: true}, m.Verdict{Kind: m.Drop}}}
 	// Session affinity remembers where a new connection went, once DNAT
 	// has chosen (in output for the node's own connections).
