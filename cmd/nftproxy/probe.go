@@ -38,7 +38,7 @@ func checkKernel(cfgs []proxier.Config, conntrack bool, log *zap.Logger) error {
 	where := "a namespace of its own"
 	if err != nil {
 		// Without CAP_SYS_ADMIN (deploy/'s DaemonSet adds NET_ADMIN alone).
-		log.Info("Probing the kernel in the node's network namespace: its probe tables see traffic for a moment", zap.Error(err))
+		log.Info("Probing the kernel in the node's network namespace, in dormant tables that no packet meets", zap.Error(err))
 		netns, where = 0, "the node's network namespace"
 	} else {
 		defer func() { _ = unix.Close(netns) }()

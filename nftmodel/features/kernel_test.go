@@ -1,9 +1,11 @@
 package features
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,5 +187,41 @@ func TestPrivateNetns(t *testing.T) {
 	}
 	if err := NewProber(fd, bothFamilies...).Check(append(Ruleset(), ConntrackNetlink)...); err != nil {
 		t.Errorf("probes in the private namespace: %v", err)
+	}
+}
+
+// A probe table is dormant: the kernel still refuses a rule its chain
+// cannot hold (masquerade outside a nat chain), and a drop rule in its
+// output base chain drops nothing, as its hooks are not registered.
+func TestProbeTableIsDormant(t *testing.T) {
+	ns := netns.New(t, "npdorm")
+	conn, err := nftnl.Dial(ns.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	table := func(hook nftmodel.Hook, e nftmodel.Expr) *nftmodel.Ruleset {
+		return &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "dormant", Chains: []*nftmodel.Chain{{Name: "c",
+			Base:  &nftmodel.BaseChain{Type: nftmodel.TypeFilter, Hook: hook},
+			Rules: []nftmodel.Rule{{Exprs: []nftmodel.Expr{e}}}}}}
+	}
+	if err := nftnl.Create(conn, table(nftmodel.HookPostrouting, nftmodel.Masquerade{}), false); err == nil {
+		t.Fatal("masquerade in a dormant filter chain: accepted, want the kernel to refuse it")
+	}
+	if err := nftnl.Create(conn, table(nftmodel.HookOutput, nftmodel.Verdict{Kind: nftmodel.Drop}), false); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ns.Exec("nft", "list", "table", "ip", "dormant"); err != nil || !strings.Contains(out, "flags dormant") {
+		t.Fatalf("probe table: %q, %v; want it dormant", out, err)
+	}
+	stop, err := ns.ServeName("lo", "tcp", 7070)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if name, err := ns.AskTCP(ctx, netip.MustParseAddrPort("127.0.0.1:7070")); err != nil || name != "lo" {
+		t.Errorf("a connection past a dormant table's drop rule: %q, %v; want it answered", name, err)
 	}
 }

@@ -13,10 +13,17 @@ import (
 // the flag): the kernel deletes it when that socket closes, and refuses
 // changes to it from any other. The kernel feature probes (package
 // features) program their throwaway tables this way.
+//
+// The table is dormant: its base chains register no hook, so no packet
+// ever passes through them, while the kernel still parses every expression
+// and validates every rule at commit (it walks the base chains of a dormant
+// table too). A probe in the node's own namespace thus touches no traffic:
+// its live nat chains once reset a connection opened during a restart.
 func Create(conn *Conn, rs *nftmodel.Ruleset, owned bool) error {
 	b := newBatch(conn, rs.Family, rs.Table)
+	b.table.Flags = nftables.TableFlagDormant
 	if owned {
-		b.table.Flags = nftables.TableFlagOwner
+		b.table.Flags |= nftables.TableFlagOwner
 	}
 	b.addTable()
 	for _, s := range rs.Sets {
