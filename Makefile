@@ -4,7 +4,7 @@ BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.7.0
 
-.PHONY: all build deps demo test unit race fuzz lint staticcheck k8s-bins bench soak image clean
+.PHONY: all build deps demo test unit race fuzz lint staticcheck k8s-bins conformance-bins conformance bench soak image clean
 
 all: build
 
@@ -54,6 +54,19 @@ staticcheck:
 # etcd and kube-apiserver built from Go modules, cached under ~/.cache/nftproxy.
 k8s-bins:
 	bash e2e/apiserver/build.sh
+
+# kubelet, kube-scheduler, kubectl, e2e.test, agnhost, CoreDNS and the images
+# the Services e2e suite runs, built offline (e2e/conformance/build.sh).
+conformance-bins: k8s-bins
+	bash e2e/conformance/build.sh
+
+# Root. Kubernetes' own [sig-network] Services e2e tests on real nodes
+# (network namespaces running containerd, kubelet and the proxy), with
+# nftproxy and then with kube-proxy --proxy-mode=nftables; writes
+# docs/conformance.md (e2e/conformance). CONFORMANCE_FOCUS narrows the run.
+conformance: deps conformance-bins
+	@command -v containerd >/dev/null && command -v runc >/dev/null || { apt-get update && apt-get install -y --no-install-recommends containerd runc containernetworking-plugins; }
+	NFTPROXY_CONFORMANCE=1 $(GO) test -count=1 -v -timeout 70m -run 'TestConformance$$' ./e2e/conformance
 
 # Root; only inside network namespaces it makes. Writes docs/benchmarks.md.
 # The peers phase runs kube-proxy from k8s-bins beside nftproxy; BENCH_FLAGS

@@ -164,3 +164,24 @@ func (d *Daemon) Kill() {
 	_ = d.cmd.Process.Kill()
 	<-d.done
 }
+
+// Exited reports whether the process has ended.
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Terminate sends SIGTERM and kills the process if it is still there after
+// grace: for programs other than nftproxy, whose shutdown takes its time.
+func (d *Daemon) Terminate(grace time.Duration) {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(grace):
+		d.Kill()
+	}
+}

@@ -36,6 +36,10 @@ type ClusterOptions struct {
 	// PodsPerNode is the number of pod namespaces per node; 0 means 2, at
 	// most 90.
 	PodsPerNode int
+	// KubeletPods leaves the pods to a kubelet and its CNI plugin: the
+	// nodes get no pod namespaces and no bridge, only their uplink and the
+	// fabric's route for their pod CIDR. PodsPerNode is ignored.
+	KubeletPods bool
 }
 
 // ClusterTopology is several nodes behind a routing fabric, like a cluster
@@ -65,6 +69,8 @@ type ClusterNode struct {
 	PodCIDR netip.Prefix
 	Bridge  netip.Addr // the pods' gateway
 	Pods    []*Pod
+
+	kubeletPods bool // no bridge: the CNI plugin makes it
 }
 
 // BuildCluster creates the namespaces and links. On error everything made
@@ -76,7 +82,7 @@ func BuildCluster(opts ClusterOptions) (*ClusterTopology, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
-	if opts.PodsPerNode == 0 {
+	if opts.PodsPerNode == 0 || opts.KubeletPods {
 		opts.PodsPerNode = 2
 	}
 	if opts.Nodes < 1 || opts.Nodes > 200 || opts.PodsPerNode < 1 || opts.PodsPerNode > maxPods {
@@ -125,6 +131,10 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 		c.Nodes = append(c.Nodes, n)
 		if n.NS, err = createTuned(fmt.Sprintf("%sn%d", opts.Prefix, i)); err != nil {
 			return err
+		}
+		if opts.KubeletPods {
+			n.kubeletPods = true
+			continue
 		}
 		for j := range opts.PodsPerNode {
 			p, err := createTuned(fmt.Sprintf("%sn%dp%d", opts.Prefix, i, j))
@@ -226,11 +236,15 @@ func (n *ClusterNode) build() error {
 		fmt.Sprintf("addr add %s/24 dev %s", n.Addr, NodeUplink),
 		fmt.Sprintf("route add default via %s dev %s", n.gateway(), NodeUplink),
 	}
-	cmds = append(cmds, podBridge(n.Pods, netip.PrefixFrom(n.Bridge, n.PodCIDR.Bits()))...)
+	links := []string{NodeUplink}
+	if !n.kubeletPods {
+		cmds = append(cmds, podBridge(n.Pods, netip.PrefixFrom(n.Bridge, n.PodCIDR.Bits()))...)
+		links = append(links, BridgeName)
+	}
 	if err := n.NS.IPBatch(cmds...); err != nil {
 		return err
 	}
-	if err := n.NS.fastNeighbours(NodeUplink, BridgeName); err != nil {
+	if err := n.NS.fastNeighbours(links...); err != nil {
 		return err
 	}
 	for _, p := range n.Pods {
@@ -260,7 +274,10 @@ func (c *ClusterTopology) waitRunning(fabricLinks []string) error {
 		}
 	}
 	for _, n := range c.Nodes {
-		links := []string{NodeUplink, BridgeName}
+		links := []string{NodeUplink}
+		if !n.kubeletPods {
+			links = append(links, BridgeName)
+		}
 		for i := range n.Pods {
 			links = append(links, fmt.Sprintf("vethp%d", i))
 		}

@@ -1,0 +1,111 @@
+package conformance
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Run is one proxy's pass over the suite.
+type Run struct {
+	Proxy    string
+	Results  []Result
+	Duration time.Duration
+	Err      error
+}
+
+// Markdown renders docs/conformance.md: every test of the focus, with its
+// result under each proxy, the reason for every skip, and the totals.
+func Markdown(runs []Run, focus, skip string, when time.Time, setup string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kubernetes' e2e Services tests on real nodes\n\n")
+	fmt.Fprintf(&b, "Written by `make conformance` (e2e/conformance) on %s. %s\n\n", when.UTC().Format("2006-01-02 15:04 UTC"), setup)
+	fmt.Fprintf(&b, "Focus `%s`, skip `%s`.\n\n", focus, skip)
+	byName := map[string]map[string]Result{}
+	for _, r := range runs {
+		for _, res := range r.Results {
+			if byName[res.Name] == nil {
+				byName[res.Name] = map[string]Result{}
+			}
+			byName[res.Name][r.Proxy] = res
+		}
+	}
+	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | time |\n|---|---|---|---|---|\n")
+	for _, r := range runs {
+		n := map[string]int{}
+		for _, res := range r.Results {
+			n[res.State]++
+		}
+		errNote := ""
+		if r.Err != nil {
+			errNote = " (" + r.Err.Error() + ")"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s%s |\n", r.Proxy, n["passed"], n["failed"], n["skipped"], r.Duration.Round(time.Second), errNote)
+	}
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(&b, "\n| test |")
+	for _, r := range runs {
+		fmt.Fprintf(&b, " %s |", r.Proxy)
+	}
+	fmt.Fprintf(&b, " reason (skip or failure) |\n|---|")
+	for range runs {
+		b.WriteString("---|")
+	}
+	b.WriteString("---|\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "| %s |", escape(n))
+		var reasons []string
+		for _, r := range runs {
+			res, ok := byName[n][r.Proxy]
+			if !ok {
+				b.WriteString(" not run |")
+				continue
+			}
+			fmt.Fprintf(&b, " %s |", res.State)
+			if res.Reason != "" && res.State != "passed" {
+				reasons = append(reasons, r.Proxy+": "+res.Reason)
+			}
+		}
+		fmt.Fprintf(&b, " %s |\n", escape(strings.Join(dedupe(reasons), "; ")))
+	}
+	return b.String()
+}
+
+// inFocus keeps the results whose name the focus selects (the report also
+// lists every spec the filter left out).
+func inFocus(results []Result, focus string) []Result {
+	re := regexp.MustCompile(focus)
+	var out []Result
+	for _, r := range results {
+		if re.MatchString(r.Name) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func escape(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+// dedupe merges reasons that are the same for both proxies.
+func dedupe(reasons []string) []string {
+	if len(reasons) == 2 {
+		a := reasons[0][strings.Index(reasons[0], ": ")+2:]
+		b := reasons[1][strings.Index(reasons[1], ": ")+2:]
+		if a == b {
+			return []string{"both: " + a}
+		}
+	}
+	return reasons
+}
