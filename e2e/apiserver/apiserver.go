@@ -50,8 +50,15 @@ type Options struct {
 	// means a new temporary directory that Stop removes.
 	Dir string
 	// APIServerFlags are appended to kube-apiserver's flags; a flag given
-	// twice takes its last value, so these override the defaults.
+	// twice takes its last value, so these override the defaults (list
+	// flags excepted: a second one appends).
 	APIServerFlags []string
+	// ServiceAccounts admits pods as a real cluster does, with their
+	// service account's token mounted (the ServiceAccount admission plugin;
+	// a controller manager must run to create the accounts). Off, pods are
+	// admitted without one. A flag in APIServerFlags cannot do this: list
+	// flags given twice append.
+	ServiceAccounts bool
 	// StartTimeout bounds how long each process may take to become ready.
 	// Zero means 60 s.
 	StartTimeout time.Duration
@@ -167,7 +174,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	if err := s.startEtcd(ctx, peerURL); err != nil {
 		return nil, err
 	}
-	s.apiArgs = append(s.apiserverArgs(ports[2]), opts.APIServerFlags...)
+	s.apiArgs = append(s.apiserverArgs(ports[2], opts.ServiceAccounts), opts.APIServerFlags...)
 	if err := s.StartAPIServer(ctx); err != nil {
 		return nil, err
 	}
@@ -200,9 +207,9 @@ func (s *Server) startEtcd(ctx context.Context, peerURL string) error {
 
 // apiserverArgs are the flags that bring kube-apiserver up quickly on loopback
 // with client-certificate authentication and RBAC.
-func (s *Server) apiserverArgs(port int) []string {
+func (s *Server) apiserverArgs(port int, serviceAccounts bool) []string {
 	f := func(name string) string { return filepath.Join(s.Dir, name) }
-	return []string{
+	args := []string{
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),
@@ -218,13 +225,16 @@ func (s *Server) apiserverArgs(port int) []string {
 		// The default reconciler would give the kubernetes Service a loopback
 		// endpoint, which EndpointSlice validation rejects.
 		"--endpoint-reconciler-type=none",
-		// No controller manager creates default service accounts, and pods
-		// (and the DaemonSet's privileged container) must still be admitted.
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 	}
+	if !serviceAccounts {
+		// No controller manager creates default service accounts, and pods
+		// (and the DaemonSet's privileged container) must still be admitted.
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
+	}
+	return args
 }
 
 // StartAPIServer starts kube-apiserver on its port against the running etcd

@@ -68,6 +68,7 @@ type Cluster struct {
 	scheduler  *e2e.Daemon
 	nodes      []*e2e.Daemon // node.sh, one per node
 	proxies    []*e2e.Daemon
+	lock       *os.File
 }
 
 // Start brings the cluster up and returns once every node is Ready and
@@ -77,6 +78,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		opts.Nodes = 2
 	}
 	c := &Cluster{opts: opts, cgroupRoot: fmt.Sprintf("/nftproxy-conformance-%d", os.Getpid())}
+	// Kubelet's sysctls are the machine's: two clusters at once would each
+	// record the other's values as the ones to put back.
+	if c.lock, err = lockMachine(); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fmt.Errorf("start conformance cluster: %w", err), c.Close())
@@ -95,10 +101,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.startControlPlane(ctx); err != nil {
 		return c, err
 	}
-	if err := makeCgroupRoot(c.cgroupRoot); err != nil {
-		return c, err
-	}
 	for _, n := range c.Topo.Nodes {
+		if err := makeCgroup(c.cgroupRoot + "/" + n.Name); err != nil {
+			return c, err
+		}
 		if err := c.startNode(ctx, n); err != nil {
 			return c, err
 		}
@@ -140,11 +146,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	c.logf("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler")
-	if c.API, err = apiserver.Start(ctx, apiserver.Options{APIServerFlags: []string{
+	// Real pods: service-account tokens are mounted as in any cluster.
+	if c.API, err = apiserver.Start(ctx, apiserver.Options{ServiceAccounts: true, APIServerFlags: []string{
 		"--egress-selector-config-file=" + egressFile,
-		// Real pods: service-account tokens are mounted as in any cluster.
-		"--disable-admission-plugins=",
-		"--service-node-port-range=30000-32767",
+		// Node names do not resolve; their InternalIP is routed by the fabric.
+		"--kubelet-preferred-address-types=InternalIP",
 	}}); err != nil {
 		return err
 	}
@@ -260,7 +266,9 @@ func (c *Cluster) deployDNS(ctx context.Context) error {
 	}
 	out, err := c.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=3m")
 	if err != nil {
-		return fmt.Errorf("wait for CoreDNS: %w: %s", err, out)
+		logs, _ := c.Kubectl(ctx, "-n", "kube-system", "logs", "deployment/coredns", "--tail=20")
+		pods, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-o", "wide")
+		return fmt.Errorf("wait for CoreDNS: %w: %s\n%s\nlogs:\n%s", err, out, pods, logs)
 	}
 	return nil
 }
@@ -314,6 +322,9 @@ func (c *Cluster) Close() error {
 	}
 	if c.Dir != "" && os.Getenv("NFTPROXY_CONFORMANCE_KEEP") == "" {
 		errs = append(errs, os.RemoveAll(c.Dir))
+	}
+	if c.lock != nil {
+		c.lock.Close()
 	}
 	return errors.Join(errs...)
 }

@@ -81,16 +81,30 @@ func cgroupHierarchies() ([]string, error) {
 	return dirs, nil
 }
 
-// makeCgroupRoot creates root (a path like /nftproxy-conformance-123) in
-// every hierarchy: kubelet requires its --cgroup-root to exist.
-func makeCgroupRoot(root string) error {
+// makeCgroup creates path (like /nftproxy-conformance-123/node-1) in every
+// hierarchy: kubelet requires its --cgroup-root to exist. A v1 cpuset
+// cgroup takes no task until it has CPUs and memory nodes, so each level
+// gets its parent's.
+func makeCgroup(path string) error {
 	dirs, err := cgroupHierarchies()
 	if err != nil {
 		return err
 	}
 	for _, d := range dirs {
-		if err := os.MkdirAll(filepath.Join(d, root), 0o755); err != nil {
-			return fmt.Errorf("create cgroup %s: %w", root, err)
+		cur := d
+		for _, part := range strings.Split(strings.Trim(path, "/"), "/") {
+			parent := cur
+			cur = filepath.Join(cur, part)
+			if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("create cgroup %s: %w", cur, err)
+			}
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if v, err := os.ReadFile(filepath.Join(parent, f)); err == nil {
+					if err := os.WriteFile(filepath.Join(cur, f), v, 0o644); err != nil {
+						return fmt.Errorf("set %s of %s: %w", f, cur, err)
+					}
+				}
+			}
 		}
 	}
 	return nil
@@ -160,4 +174,17 @@ func killNamespace(name string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// lockMachine holds a lock for as long as a cluster runs, refusing a second.
+func lockMachine() (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "nftproxy-conformance.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open conformance lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock conformance cluster: another one runs on this machine: %w", err)
+	}
+	return f, nil
 }

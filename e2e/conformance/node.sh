@@ -6,14 +6,13 @@
 # the node. Nothing is written outside DIR: /run, /var/lib and /var/log are
 # fresh tmpfs mounts in the node's mount namespace only.
 #
-#   node.sh DIR NAME NODE_IP POD_CIDR KUBECONFIG CGROUP_ROOT IMAGES_DIR
+#   node.sh DIR NAME NODE_IP POD_CIDR KUBECONFIG CGROUP_ROOT IMAGES_DIR KUBELET
 #
 # Runs until it gets SIGTERM; then stops kubelet and containerd. The caller
 # still kills what is left in the node's cgroups and namespace (e2e/conformance).
 set -euo pipefail
 
-dir=$1 name=$2 node_ip=$3 pod_cidr=$4 kubeconfig=$5 cgroup_root=$6 images=$7
-: "${KUBELET:?KUBELET names the kubelet binary}"
+dir=$1 name=$2 node_ip=$3 pod_cidr=$4 kubeconfig=$5 cgroup_root=$6 images=$7 kubelet=$8
 
 # ip netns exec gave this process a mount namespace with slave propagation:
 # nothing mounted here reaches the host's.
@@ -21,7 +20,18 @@ mount --make-rslave /
 for m in /run /var/lib /var/log; do
 	mount -t tmpfs -o mode=0755 "nftproxy-$name" "$m"
 done
-mkdir -p /run/netns /run/containerd /var/lib/cni /var/log/pods /var/log/containers
+# ip netns exec mounted a fresh /sys for the namespace, without the cgroup
+# hierarchies under it; kubelet and runc need them, as the host has them.
+mount -t tmpfs -o mode=0755 cgroup /sys/fs/cgroup
+while read -r _ point type opts _; do
+	case $type in
+	cgroup | cgroup2)
+		mkdir -p "$point"
+		mount -t "$type" -o "$opts" "$type" "$point"
+		;;
+	esac
+done </proc/1/mounts
+mkdir -p /run/netns /run/containerd /var/lib/cni /var/log/containers
 
 mkdir -p "$dir/containerd" "$dir/cni" "$dir/kubelet"
 gateway="${pod_cidr%.*/*}.1"
@@ -58,6 +68,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "registry.k8s.io/pause:3.10.2"
   enable_selinux = false
   disable_apparmor = true
+  # Pods' oom_score_adj (the sandbox's -998, Guaranteed containers' -997)
+  # need CAP_SYS_RESOURCE, which a sandboxed machine may not have: keep them
+  # at or above containerd's own, as rootless setups do.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -89,7 +103,7 @@ authorization: {mode: AlwaysAllow}
 clusterDNS: [10.96.0.10]
 clusterDomain: cluster.local
 resolvConf: $dir/resolv.conf
-podLogsDir: /var/log/pods
+podLogsDir: $dir/pod-logs
 failSwapOn: false
 # The images were imported and cannot be pulled again.
 imageGCHighThresholdPercent: 100
@@ -121,7 +135,7 @@ for img in "$images"/*.tar; do
 	ctr --address /run/containerd/containerd.sock -n k8s.io images import --all-platforms "$img" >>"$dir/images.log" 2>&1
 done
 
-"$KUBELET" --config="$dir/kubelet/config.yaml" --kubeconfig="$kubeconfig" \
+"$kubelet" --config="$dir/kubelet/config.yaml" --kubeconfig="$kubeconfig" \
 	--root-dir="$dir/kubelet/root" --hostname-override="$name" --node-ip="$node_ip" \
 	--v="${KUBELET_V:-2}" >"$dir/kubelet.log" 2>&1 &
 kubelet_pid=$!
