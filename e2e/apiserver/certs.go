@@ -60,8 +60,10 @@ func newPKI(now time.Time) (*pki, error) {
 	p.servingCert, p.servingKey, err = leaf(caCert, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		// 10.96.0.1 is the kubernetes Service's ClusterIP in 10.96.0.0/16.
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 96, 0, 1)},
+		// 10.96.0.1 is the kubernetes Service's ClusterIP in 10.96.0.0/16;
+		// 172.20.0.1 the relay's address in e2e/netns's cluster fabric, for
+		// clients that do not take a kubeconfig's tls-server-name (e2e.test).
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 96, 0, 1), net.IPv4(172, 20, 0, 1)},
 		DNSNames: []string{
 			"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
 			"kubernetes.default.svc.cluster.local",
