@@ -200,99 +200,128 @@ const retryDelay = time.Second
 func (p *Proxier) Run(ctx context.Context, src Source) {
 	resync := time.NewTicker(max(p.opts.SyncPeriod, time.Second))
 	defer resync.Stop()
-	pending, full := true, true
-	// queuedAt is when the oldest change not yet applied arrived; zero when
-	// none waits, so a periodic resync is not counted as programming.
-	var lastSync, queuedAt time.Time
-	var failed bool
-	// triggers are the trigger times of the changes taken and not yet
-	// applied: a failed sync's are applied by the retry.
-	var triggers []k8s.TriggerTime
 	if pc, ok := src.(pendingCounter); ok {
 		p.opts.Metrics.watchPending(pc.Pending)
 	}
 	p.queued()
-	queuedAt = time.Now()
+	l := runLoop{pending: true, full: true, queuedAt: time.Now()}
 	for {
-		var due <-chan time.Time
-		if pending {
-			wait := p.opts.MinSyncPeriod
-			if failed {
-				wait = max(wait, retryDelay)
-			}
-			due = time.After(max(0, wait-time.Since(lastSync)))
-		}
+		due := l.due(p.opts.MinSyncPeriod)
 		select {
 		case <-ctx.Done():
 			return
 		case <-src.Changed():
-			if queuedAt.IsZero() {
-				queuedAt = time.Now()
+			if l.queuedAt.IsZero() {
+				l.queuedAt = time.Now()
 			}
-			pending = true
+			l.pending = true
 			p.queued()
 			continue
 		case <-resync.C:
-			if !failed && p.unchanged() {
+			if !l.failed && p.unchanged() {
 				continue
 			}
-			pending, full = true, true
+			l.pending, l.full = true, true
 			continue
 		case <-p.drift.ready:
-			// Lost notifications matter only if a commit not ours happened
-			// since the last sync. The due timer keeps a tamper storm to one
-			// repair per MinSyncPeriod.
-			t := p.drift.take()
-			if t == tamperNone || (t == tamperUnknown && !failed && p.sameGeneration()) {
-				continue
-			}
-			if !pending || !full {
-				p.opts.Metrics.DriftRepairs.Inc()
-				p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
-			}
-			pending, full = true, true
-			p.queued()
+			p.onDrift(&l)
 			continue
 		case <-due:
 		}
-		syncStart := time.Now()
-		var err error
-		// Taken first: the snapshot holds at least what was handed over.
-		ch := src.TakeChanges()
-		triggers = append(triggers, ch.TriggerTimes...)
-		if full {
-			err = p.leanFullSync(func() error { return p.Sync(ctx, src.Snapshot(), true) })
+		p.syncOnce(ctx, src, &l)
+	}
+}
+
+// runLoop is what Run keeps between syncs.
+type runLoop struct {
+	pending, full bool
+	failed        bool // the last sync failed: the next is full, after retryDelay
+	lastSync      time.Time
+	// queuedAt is when the oldest change not yet applied arrived; zero when
+	// none waits, so a periodic resync is not counted as programming.
+	queuedAt time.Time
+	// triggers are the trigger times of the changes taken and not yet
+	// applied: a failed sync's are applied by the retry.
+	triggers []k8s.TriggerTime
+}
+
+// due fires when a pending sync may run: MinSyncPeriod after the last one,
+// at least retryDelay after a failure; nil when no sync is pending.
+func (l *runLoop) due(minSyncPeriod time.Duration) <-chan time.Time {
+	if !l.pending {
+		return nil
+	}
+	wait := minSyncPeriod
+	if l.failed {
+		wait = max(wait, retryDelay)
+	}
+	return time.After(max(0, wait-time.Since(l.lastSync)))
+}
+
+// onDrift asks for a full sync when another program may have changed
+// nftproxy's tables.
+func (p *Proxier) onDrift(l *runLoop) {
+	// Lost notifications matter only if a commit not ours happened
+	// since the last sync. The due timer keeps a tamper storm to one
+	// repair per MinSyncPeriod.
+	t := p.drift.take()
+	if t == tamperNone || (t == tamperUnknown && !l.failed && p.sameGeneration()) {
+		return
+	}
+	if !l.pending || !l.full {
+		p.opts.Metrics.DriftRepairs.Inc()
+		p.opts.Logger.Info("Another program changed nftproxy's tables; full sync")
+	}
+	l.pending, l.full = true, true
+	p.queued()
+}
+
+// syncOnce applies the source's changes, in full when l asks: a failed sync
+// stays pending, and its retry is full.
+func (p *Proxier) syncOnce(ctx context.Context, src Source, l *runLoop) {
+	syncStart := time.Now()
+	var err error
+	// Taken first: the snapshot holds at least what was handed over.
+	ch := src.TakeChanges()
+	l.triggers = append(l.triggers, ch.TriggerTimes...)
+	if l.full {
+		err = p.leanFullSync(func() error { return p.Sync(ctx, src.Snapshot(), true) })
+	} else {
+		err = p.SyncChanges(ctx, ch)
+	}
+	l.lastSync = time.Now()
+	l.failed = err != nil
+	if l.failed {
+		l.full = true
+		return
+	}
+	p.afterSync(l, syncStart)
+	l.pending, l.full = false, false
+}
+
+// afterSync records a successful sync that started at syncStart and does
+// what waited for it.
+func (p *Proxier) afterSync(l *runLoop, syncStart time.Time) {
+	if l.full {
+		p.drift.settledBy(syncStart)
+	}
+	p.observeProgramming(l.triggers, l.lastSync)
+	l.triggers = nil
+	if !l.queuedAt.IsZero() {
+		p.opts.Metrics.ChangeToKernel.Observe(l.lastSync.Sub(l.queuedAt).Seconds())
+		l.queuedAt = time.Time{}
+	}
+	if l.full && p.opts.ReleaseMemory {
+		start := time.Now()
+		debug.FreeOSMemory()
+		p.opts.Logger.Debug("Released memory after a full sync", zap.Duration("took", time.Since(start)))
+	}
+	if p.opts.AfterSync != nil {
+		if err := p.opts.AfterSync(); err != nil {
+			p.opts.Logger.Error("After the sync", zap.Error(err))
 		} else {
-			err = p.SyncChanges(ctx, ch)
+			p.opts.AfterSync = nil
 		}
-		lastSync = time.Now()
-		failed = err != nil
-		if failed {
-			full = true
-			continue
-		}
-		if full {
-			p.drift.settledBy(syncStart)
-		}
-		p.observeProgramming(triggers, lastSync)
-		triggers = nil
-		if !queuedAt.IsZero() {
-			p.opts.Metrics.ChangeToKernel.Observe(lastSync.Sub(queuedAt).Seconds())
-			queuedAt = time.Time{}
-		}
-		if full && p.opts.ReleaseMemory {
-			start := time.Now()
-			debug.FreeOSMemory()
-			p.opts.Logger.Debug("Released memory after a full sync", zap.Duration("took", time.Since(start)))
-		}
-		if p.opts.AfterSync != nil {
-			if err := p.opts.AfterSync(); err != nil {
-				p.opts.Logger.Error("After the sync", zap.Error(err))
-			} else {
-				p.opts.AfterSync = nil
-			}
-		}
-		pending, full = false, false
 	}
 }
 

@@ -264,6 +264,7 @@ func soakPhase(res *Results, o *options) error {
 		return err
 	}
 	run.SyncP99Bucket = 1000 * bucketQuantile(syncBefore, syncAfter, 0.99)
+	run.ProgP50Bucket = 1000 * bucketQuantile(progBefore, progAfter, 0.5)
 	run.ProgP99Bucket = 1000 * bucketQuantile(progBefore, progAfter, 0.99)
 	took, err := syncTimes(logPath, began, churnEnd)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -26,9 +27,12 @@ type soakSink interface {
 // soakSlice is the EndpointSlice of a soak service: its one slice (the
 // soak's services are narrower than sliceSize), terminating endpoints
 // neither ready nor gone, as the EndpointSlice controller writes a pod that
-// is shutting down.
+// is shutting down. It carries the time of the change as the controller's
+// last-change-trigger-time, from which the proxy measures network
+// programming latency (the SLI the soak reports).
 func soakSlice(s *soakService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
 	es := sliceObject(s.name, 0, nil, nil)
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}
 	for _, e := range eps {
 		ep := readyEndpoint(e.addr)
 		if e.terminating {

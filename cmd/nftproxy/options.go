@@ -203,22 +203,53 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	if o.configFile == "" {
 		return nil
 	}
+	c, err := o.readConfigFile()
+	if err != nil {
+		return err
+	}
+	d := o.configDefaults(fs)
+	d.applyNodeAndLogging(c, fs)
+	d.applyClientConnection(c)
+	d.applyServing(c, fs)
+	d.applyDetectLocal(c)
+	periods, err := o.applyModeSection(d, c, fs)
+	if err != nil {
+		return err
+	}
+	d.applyConntrack(c)
+	if err := d.applyDurations(c, periods); err != nil {
+		return err
+	}
+	d.warnUnusedFields(c)
+	*o = *d
+	return nil
+}
+
+// readConfigFile decodes the file strictly, else leniently with kube-proxy's
+// warning, so that unknown fields do not stop the rest from being used.
+func (o *options) readConfigFile() (*kubeProxyConfiguration, error) {
 	data, err := os.ReadFile(o.configFile)
 	if err != nil {
-		return fmt.Errorf("read config file: %w", err)
+		return nil, fmt.Errorf("read config file: %w", err)
 	}
 	var c kubeProxyConfiguration
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
 		if err := yaml.Unmarshal(data, &c); err != nil {
-			return fmt.Errorf("parse config file %s: %w", o.configFile, err)
+			return nil, fmt.Errorf("parse config file %s: %w", o.configFile, err)
 		}
 		o.warn("Using lenient decoding as strict decoding failed: strict decoding error: %s", strictReason(err))
 	}
 	if c.Kind != "" && c.Kind != "KubeProxyConfiguration" {
-		return fmt.Errorf("parse config file %s: kind %q is not KubeProxyConfiguration", o.configFile, c.Kind)
+		return nil, fmt.Errorf("parse config file %s: kind %q is not KubeProxyConfiguration", o.configFile, c.Kind)
 	}
-	// Start over from the defaults, keeping what a config file leaves to flags.
-	var d options
+	return &c, nil
+}
+
+// configDefaults starts over from the defaults, keeping what a config file
+// leaves to flags: the others given are warned about, as kube-proxy ignores
+// them.
+func (o *options) configDefaults(fs *flag.FlagSet) *options {
+	d := new(options)
 	dfs := flag.NewFlagSet("defaults", flag.ContinueOnError)
 	d.register(dfs)
 	fs.Visit(func(f *flag.Flag) {
@@ -230,48 +261,75 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	})
 	d.warnings = o.warnings
 	d.configFile = o.configFile
-	if d.hostnameOverride == "" {
-		d.hostnameOverride = c.HostnameOverride
+	return d
+}
+
+// setString and setPtr take a field the file gives: an unset one keeps
+// kube-proxy's default.
+func setString(dst *string, v string) {
+	if v != "" {
+		*dst = v
 	}
-	d.hostnameOverride = strings.ToLower(strings.TrimSpace(d.hostnameOverride))
-	// kube-proxy lays its logging flags over the file's logging section.
+}
+
+func setPtr[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
+	}
+}
+
+// applyNodeAndLogging: --hostname-override and the logging flags win over
+// the file, as kube-proxy lays them over its fields.
+func (o *options) applyNodeAndLogging(c *kubeProxyConfiguration, fs *flag.FlagSet) {
+	if o.hostnameOverride == "" {
+		o.hostnameOverride = c.HostnameOverride
+	}
+	o.hostnameOverride = strings.ToLower(strings.TrimSpace(o.hostnameOverride))
 	if format, ok := c.Logging["format"].(string); ok && format != "" && !set(fs, "logging-format") {
-		d.log.format = format
+		o.log.format = format
 	}
-	d.kubeconfig = c.ClientConnection.Kubeconfig
-	if c.ClientConnection.ContentType != "" {
-		d.kubeAPIContentType = c.ClientConnection.ContentType
+}
+
+// applyClientConnection: the clientConnection section.
+func (o *options) applyClientConnection(c *kubeProxyConfiguration) {
+	o.kubeconfig = c.ClientConnection.Kubeconfig
+	setString(&o.kubeAPIContentType, c.ClientConnection.ContentType)
+	setPtr(&o.kubeAPIQPS, c.ClientConnection.QPS)
+	setPtr(&o.kubeAPIBurst, c.ClientConnection.Burst)
+}
+
+// applyServing: the top-level fields of addresses, profiling and the
+// process; --cleanup-kube-proxy, nftproxy's own, wins over the file.
+func (o *options) applyServing(c *kubeProxyConfiguration, fs *flag.FlagSet) {
+	setString(&o.bindAddress, c.BindAddress)
+	setString(&o.healthzBindAddress, c.HealthzBindAddress)
+	setString(&o.metricsBindAddress, c.MetricsBindAddress)
+	setString(&o.clusterCIDRs, c.ClusterCIDR)
+	o.profiling = c.EnableProfiling
+	setPtr(&o.oomScoreAdj, c.OOMScoreAdj)
+	if !set(fs, "cleanup-kube-proxy") {
+		setPtr(&o.cleanupKubeProxy, c.CleanupKubeProxy)
 	}
-	if c.ClientConnection.QPS != nil {
-		d.kubeAPIQPS = *c.ClientConnection.QPS
-	}
-	if c.ClientConnection.Burst != nil {
-		d.kubeAPIBurst = *c.ClientConnection.Burst
-	}
-	setString := func(dst *string, v string) {
-		if v != "" {
-			*dst = v
-		}
-	}
-	setString(&d.bindAddress, c.BindAddress)
-	setString(&d.healthzBindAddress, c.HealthzBindAddress)
-	setString(&d.metricsBindAddress, c.MetricsBindAddress)
-	setString(&d.clusterCIDRs, c.ClusterCIDR)
-	setString(&d.detectLocalMode, c.DetectLocalMode)
-	setString(&d.bridgeInterface, c.DetectLocal.BridgeInterface)
-	setString(&d.interfaceNamePrefix, c.DetectLocal.InterfaceNamePrefix)
-	d.profiling = c.EnableProfiling
-	if c.OOMScoreAdj != nil {
-		d.oomScoreAdj = *c.OOMScoreAdj
-	}
-	if c.CleanupKubeProxy != nil && !set(fs, "cleanup-kube-proxy") {
-		d.cleanupKubeProxy = *c.CleanupKubeProxy
-	}
-	// The mode's own section applies: nftables, else (iptables, ipvs and
-	// kube-proxy's default, iptables) the iptables one, whose nodePortAddresses
-	// default is every address and whose localhostNodePorts defaults to on.
+}
+
+// applyDetectLocal: detectLocalMode and its detectLocal section.
+func (o *options) applyDetectLocal(c *kubeProxyConfiguration) {
+	setString(&o.detectLocalMode, c.DetectLocalMode)
+	setString(&o.bridgeInterface, c.DetectLocal.BridgeInterface)
+	setString(&o.interfaceNamePrefix, c.DetectLocal.InterfaceNamePrefix)
+}
+
+// syncPeriods are the mode section's sync periods, unparsed.
+type syncPeriods struct{ sync, minSync *string }
+
+// applyModeSection applies the mode's own section: nftables, else (iptables,
+// ipvs and kube-proxy's default, iptables) the iptables one, whose
+// nodePortAddresses default is every address and whose localhostNodePorts
+// defaults to on. Its warning goes to o, as before this function was split
+// out of applyConfigFile, which then replaces o with d: it is not logged.
+func (o *options) applyModeSection(d *options, c *kubeProxyConfiguration, fs *flag.FlagSet) (syncPeriods, error) {
 	var masqBit *int
-	var syncPeriod, minSyncPeriod *string
+	var p syncPeriods
 	d.proxyMode = c.Mode
 	if c.Mode == "" {
 		d.proxyMode = "iptables"
@@ -279,44 +337,48 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	switch c.Mode {
 	case "nftables":
 		d.masqueradeAll, masqBit = c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit
-		syncPeriod, minSyncPeriod = c.NFTables.SyncPeriod, c.NFTables.MinSyncPeriod
+		p = syncPeriods{c.NFTables.SyncPeriod, c.NFTables.MinSyncPeriod}
 		d.nodePortAddresses = "primary"
 	case "", "iptables", "ipvs":
 		d.masqueradeAll, masqBit = c.IPTables.MasqueradeAll, c.IPTables.MasqueradeBit
-		syncPeriod, minSyncPeriod = c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod
+		p = syncPeriods{c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod}
 		d.nodePortAddresses = ""
 		if !set(fs, "localhost-nodeports") && (c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts) {
 			d.localhostNodePorts = localhostInNodePorts(c.NodePortAddresses)
 		}
 		o.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
 	default:
-		return fmt.Errorf("parse config file %s: mode %q: nftproxy supports nftables, and iptables or ipvs configurations through their iptables section", o.configFile, c.Mode)
+		return p, fmt.Errorf("parse config file %s: mode %q: nftproxy supports nftables, and iptables or ipvs configurations through their iptables section", o.configFile, c.Mode)
 	}
 	if len(c.NodePortAddresses) > 0 {
 		d.nodePortAddresses = strings.Join(c.NodePortAddresses, ",")
 	}
-	if masqBit != nil {
-		d.masqueradeBit = *masqBit
-	}
-	if c.Conntrack.MaxPerCore != nil {
-		d.ct.maxPerCore = *c.Conntrack.MaxPerCore
-	}
-	if c.Conntrack.Min != nil {
-		d.ct.min = *c.Conntrack.Min
-	}
-	d.ct.tcpBeLiberal = c.Conntrack.TCPBeLiberal
+	setPtr(&d.masqueradeBit, masqBit)
+	return p, nil
+}
+
+// applyConntrack: the conntrack section's numbers; its timeouts are
+// durations (applyDurations).
+func (o *options) applyConntrack(c *kubeProxyConfiguration) {
+	setPtr(&o.ct.maxPerCore, c.Conntrack.MaxPerCore)
+	setPtr(&o.ct.min, c.Conntrack.Min)
+	o.ct.tcpBeLiberal = c.Conntrack.TCPBeLiberal
+}
+
+// applyDurations parses the file's durations, naming the field of a bad one.
+func (o *options) applyDurations(c *kubeProxyConfiguration, p syncPeriods) error {
 	for _, dur := range []struct {
 		field string
 		v     *string
 		dst   *time.Duration
 	}{
-		{"nftables/iptables.syncPeriod", syncPeriod, &d.syncPeriod},
-		{"nftables/iptables.minSyncPeriod", minSyncPeriod, &d.minSyncPeriod},
-		{"conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout, &d.ct.tcpEstablished},
-		{"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout, &d.ct.tcpCloseWait},
-		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout, &d.ct.udpTimeout},
-		{"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout, &d.ct.udpStream},
-		{"configSyncPeriod", c.ConfigSyncPeriod, &d.configSyncPeriod},
+		{"nftables/iptables.syncPeriod", p.sync, &o.syncPeriod},
+		{"nftables/iptables.minSyncPeriod", p.minSync, &o.minSyncPeriod},
+		{"conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout, &o.ct.tcpEstablished},
+		{"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout, &o.ct.tcpCloseWait},
+		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout, &o.ct.udpTimeout},
+		{"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout, &o.ct.udpStream},
+		{"configSyncPeriod", c.ConfigSyncPeriod, &o.configSyncPeriod},
 	} {
 		if dur.v == nil || *dur.v == "" {
 			continue
@@ -327,21 +389,25 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 		}
 		*dur.dst = v
 	}
+	return nil
+}
+
+// warnUnusedFields names the fields given that nftproxy has no use for, so
+// that an operator does not expect them to act.
+func (o *options) warnUnusedFields(c *kubeProxyConfiguration) {
 	if len(c.IPVS) > 0 {
-		d.warn("Config file field ipvs (%s) is for kube-proxy's ipvs mode: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.IPVS)), ", "))
+		o.warn("Config file field ipvs (%s) is for kube-proxy's ipvs mode: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.IPVS)), ", "))
 	}
 	if len(c.Winkernel) > 0 {
-		d.warn("Config file field winkernel (%s) is for Windows: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.Winkernel)), ", "))
+		o.warn("Config file field winkernel (%s) is for Windows: nftproxy has no use for it", strings.Join(slices.Sorted(maps.Keys(c.Winkernel)), ", "))
 	}
 	for name, v := range map[string]bool{"portRange": c.PortRange != "", "bindAddressHardFail": c.BindAddressHardFail,
 		"windowsRunAsService": c.WindowsRunAsService, "showHiddenMetricsForVersion": c.ShowHiddenMetricsForVersion != "",
 		"featureGates": len(c.FeatureGates) > 0, "clientConnection.acceptContentTypes": c.ClientConnection.AcceptContentTypes != ""} {
 		if v {
-			d.warn("Config file field %s has no effect in nftproxy (kube-proxy v1.36 ignores it on Linux too, or it concerns features nftproxy does not gate)", name)
+			o.warn("Config file field %s has no effect in nftproxy (kube-proxy v1.36 ignores it on Linux too, or it concerns features nftproxy does not gate)", name)
 		}
 	}
-	*o = d
-	return nil
 }
 
 func modeName(m string) string {

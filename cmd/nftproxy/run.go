@@ -42,19 +42,12 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 		return nil
 	}
 	keepInvalidWhenLiberal(cfgs, log)
-	metrics := proxier.NewMetrics()
-	metrics.Registry.MustRegister(proxier.BuildInfo(version, commit))
-	clientMetrics := k8s.NewClientMetrics()
-	metrics.Registry.MustRegister(clientMetrics.Collectors()...)
-	k8s.RegisterClientMetrics(clientMetrics)
+	metrics := newMetrics()
 	tracker, err := newTracker(o, log, metrics)
 	if err != nil {
 		return err
 	}
-	health := proxier.NewHealth(2 * max(o.syncPeriod, time.Second))
-	// kube-proxy reads its Node from the API server; without one /healthz fails.
-	health.RequireNode = o.manifests == ""
-	metrics.Registry.MustRegister(health.Collectors()...)
+	health := newHealth(o, metrics)
 	if err := serveStatus(ctx, o, log, metrics, health); err != nil {
 		return err
 	}
@@ -100,6 +93,27 @@ func runDaemon(ctx context.Context, o *options, log *zap.Logger) error {
 	runSyncLoop(ctx, o, log, popts, tracker)
 	log.Info("Stopping; the rules stay in place")
 	return nil
+}
+
+// newMetrics is the registry /metrics serves: the proxier's, the build's
+// and client-go's, which client-go reports through a global hook.
+func newMetrics() *proxier.Metrics {
+	metrics := proxier.NewMetrics()
+	metrics.Registry.MustRegister(proxier.BuildInfo(version, commit))
+	clientMetrics := k8s.NewClientMetrics()
+	metrics.Registry.MustRegister(clientMetrics.Collectors()...)
+	k8s.RegisterClientMetrics(clientMetrics)
+	return metrics
+}
+
+// newHealth is /healthz's state, stale after two sync periods: one missed
+// periodic sync is not yet a failure.
+func newHealth(o *options, metrics *proxier.Metrics) *proxier.Health {
+	health := proxier.NewHealth(2 * max(o.syncPeriod, time.Second))
+	// kube-proxy reads its Node from the API server; without one /healthz fails.
+	health.RequireNode = o.manifests == ""
+	metrics.Registry.MustRegister(health.Collectors()...)
+	return health
 }
 
 // keepInvalidWhenLiberal: kube-proxy drops packets conntrack calls invalid

@@ -1,0 +1,129 @@
+// The shared dispatch chains: one per kind of traffic and endpoint count, DNATing to a random slot.
+
+package proxier
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+	"time"
+
+	m "github.com/nftproxy/nftproxy/nftmodel"
+)
+
+// sharedObj names a chain service ports share: the dispatch chain of one
+// endpoint count for one kind of traffic.
+type sharedObj struct {
+	kind     sharedKind
+	n        int  // endpoint count; the timeout in seconds for affinityUpdate
+	local    int  // local endpoint count, for the eTP=Local kinds
+	affinity bool // a client's remembered endpoint first (session affinity)
+}
+
+// sharedKind orders the shared objects as the ruleset lists them.
+type sharedKind uint8
+
+const (
+	clusterDispatch sharedKind = iota
+	externalDispatch
+	nodePortDispatch
+	externalLocalDispatch // eTP=Local: external traffic from outside to local endpoints
+	nodePortLocalDispatch
+	affinityUpdate // remembers a new connection's endpoint for n seconds
+)
+
+func compareShared(a, b sharedObj) int {
+	return cmp.Or(cmp.Compare(a.kind, b.kind), compareBool(a.affinity, b.affinity), cmp.Compare(a.n, b.n), cmp.Compare(a.local, b.local))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
+}
+
+// sharedChainName is the name of a shared object's chain.
+func (c *compiler) sharedChainName(o sharedObj) string {
+	var name string
+	switch o.kind {
+	case clusterDispatch:
+		name = clusterIPChain(o.n)
+	case externalDispatch:
+		name = externalChain(o.n)
+	case nodePortDispatch:
+		name = nodePortChain(o.n)
+	case externalLocalDispatch:
+		name = externalLocalChain(o.n, o.local)
+	case nodePortLocalDispatch:
+		name = nodePortLocalChain(o.n, o.local)
+	case affinityUpdate:
+		return affinityUpdateChain(o.n)
+	}
+	return affinityName(name, o)
+}
+
+// affinityName is a dispatch chain's name with session affinity:
+// cluster-ip-affinity-N and so on.
+func affinityName(name string, o sharedObj) string {
+	if !o.affinity {
+		return name
+	}
+	kind, counts, _ := strings.Cut(name, fmt.Sprintf("-%d", o.n))
+	return fmt.Sprintf("%s-affinity-%d%s", kind, o.n, counts)
+}
+
+// sharedChain builds a dispatch chain: it marks for masquerade as its kind
+// of traffic needs, then DNATs to the endpoint in a random one of n slots.
+func (c *compiler) sharedChain(o sharedObj) *m.Chain {
+	ch := &m.Chain{Name: c.sharedChainName(o)}
+	n := uint32(o.n)
+	markAll := jump(chainMarkForMasquerade)
+	switch o.kind {
+	case clusterDispatch:
+		if r, ok := c.clusterMasquerade(); ok {
+			ch.Rules = append(ch.Rules, r)
+		}
+		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}})
+	case externalDispatch:
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}}}
+	case nodePortDispatch:
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: mapNodePortEndpoints}}}}
+	case externalLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, vipKey, mapEndpoints)
+	case nodePortLocalDispatch:
+		ch.Rules = c.localPolicyRules(o, nodePortKey, mapNodePortEndpoints)
+	case affinityUpdate:
+		for _, proto := range affinityProtocols {
+			ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchL4Proto{Proto: proto},
+				m.UpdateMap{Key: connKey, Data: connTarget, Map: mapAffinity, Timeout: time.Duration(o.n) * time.Second}}})
+		}
+	}
+	if o.affinity {
+		ch.Rules = withAffinityLookups(ch.Rules)
+	}
+	return ch
+}
+
+// localPolicyRules are the rules of an eTP=Local dispatch chain: pods and
+// the node itself still reach every endpoint (the node's own traffic
+// masqueraded, as its source can't be kept); traffic from elsewhere only
+// local endpoints, with its source kept, and none is dropped.
+func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, endpoints string) []m.Rule {
+	cluster := m.DNATMap{Key: key, Numgen: uint32(o.n), Map: endpoints}
+	var rules []m.Rule
+	if match, ok := c.localTraffic(false); ok {
+		rules = append(rules, m.Rule{Exprs: append(match, cluster), Comment: "pod traffic stays cluster-wide"})
+	}
+	rules = append(rules,
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, m.Verdict{Kind: m.Jump, Chain: chainMarkForMasquerade}}},
+		m.Rule{Exprs: []m.Expr{m.MatchFibSaddrLocal{}, cluster}, Comment: "node traffic stays cluster-wide"})
+	if o.local == 0 {
+		return append(rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: "no local endpoints"})
+	}
+	local := m.DNATMap{Key: key, Numgen: uint32(o.local), Offset: localSlotOffset, Map: endpoints}
+	return append(rules, m.Rule{Exprs: []m.Expr{local}})
+}
