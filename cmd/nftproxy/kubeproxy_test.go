@@ -15,6 +15,10 @@ func TestCleanupKubeProxyFromConfigOrFlag(t *testing.T) {
 	if err := os.WriteFile(file, []byte("kind: KubeProxyConfiguration\ncleanupKubeProxy: true\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	silent := filepath.Join(t.TempDir(), "silent.yaml")
+	if err := os.WriteFile(silent, []byte("kind: KubeProxyConfiguration\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want bool
@@ -23,6 +27,9 @@ func TestCleanupKubeProxyFromConfigOrFlag(t *testing.T) {
 		{[]string{"--config", file, "--cleanup-kube-proxy=false"}, false},
 		{[]string{"--cleanup-kube-proxy"}, true},
 		{nil, false},
+		// A file that does not say keeps the flag's value.
+		{[]string{"--config", silent, "--cleanup-kube-proxy"}, true},
+		{[]string{"--config", silent}, false},
 	} {
 		var o options
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)

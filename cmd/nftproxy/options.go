@@ -261,6 +261,10 @@ func (o *options) configDefaults(fs *flag.FlagSet) *options {
 	})
 	d.warnings = o.warnings
 	d.configFile = o.configFile
+	// The subcommands' own flags are not in register's set, so dfs cannot
+	// take them: carry their values over as they are.
+	d.cleanupKubeProxy = o.cleanupKubeProxy
+	d.src, d.dst, d.proto, d.port = o.src, o.dst, o.proto, o.port
 	return d
 }
 
