@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,6 +33,15 @@ func bins(t *testing.T) string {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Fatalf("%v: run e2e/conformance/build.sh (make conformance does)", err)
 		}
+	}
+	// The node's runtime comes from Debian (make conformance installs it).
+	for _, tool := range []string{"containerd", "ctr", "runc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%v: apt-get install containerd runc containernetworking-plugins (make conformance does)", err)
+		}
+	}
+	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
+		t.Fatalf("%v: apt-get install containernetworking-plugins (make conformance does)", err)
 	}
 	return dir
 }
