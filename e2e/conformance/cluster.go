@@ -282,8 +282,12 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 // also after a partial start, and puts back the sysctls kubelet changed.
 func (c *Cluster) Close() error {
 	var errs []error
-	for _, d := range c.proxies {
+	for i, d := range c.proxies {
 		d.Kill()
+		// Kept beside kubelet.log: a failed run is read from the directory.
+		if c.Dir != "" {
+			_ = os.WriteFile(filepath.Join(c.Dir, c.Topo.Nodes[i].Name, "proxy.log"), []byte(d.Log()), 0o644)
+		}
 	}
 	for _, d := range c.nodes {
 		d.Terminate(30 * time.Second)

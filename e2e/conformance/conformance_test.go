@@ -61,7 +61,12 @@ func TestNodeSmoke(t *testing.T) {
 	b := bins(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	c, err := Start(ctx, Options{Bins: b, Proxy: NFTProxy(nftproxyBinary(t)), Logf: t.Logf})
+	proxy := NFTProxy(nftproxyBinary(t))
+	// CONFORMANCE_PROXY=kube-proxy runs the smoke on the reference instead.
+	if os.Getenv("CONFORMANCE_PROXY") == "kube-proxy" {
+		proxy = KubeProxy()
+	}
+	c, err := Start(ctx, Options{Bins: b, Proxy: proxy, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
