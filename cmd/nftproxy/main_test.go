@@ -109,6 +109,9 @@ func TestConfigFileFields(t *testing.T) {
 		if !o.masqueradeAll || o.masqueradeBit != 12 || o.minSyncPeriod != 5*time.Second || o.nodePortAddresses != "" || !o.localhostNodePorts {
 			t.Errorf("iptables-mode config: %+v", o)
 		}
+		if !hasWarning(o, `Config file mode "iptables"`) {
+			t.Errorf("no warning that the iptables section stands in: %q", o.warnings)
+		}
 	})
 	t.Run("IPTablesLocalhostNodePortsOnlyWithLoopback", func(t *testing.T) {
 		o := loadConfig(t, "kind: KubeProxyConfiguration\nnodePortAddresses: [192.168.0.0/16]\n")

@@ -350,7 +350,7 @@ func (o *options) applyModeSection(d *options, c *kubeProxyConfiguration, fs *fl
 		if !set(fs, "localhost-nodeports") && (c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts) {
 			d.localhostNodePorts = localhostInNodePorts(c.NodePortAddresses)
 		}
-		o.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
+		d.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
 	default:
 		return p, fmt.Errorf("parse config file %s: mode %q: nftproxy supports nftables, and iptables or ipvs configurations through their iptables section", o.configFile, c.Mode)
 	}
