@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -120,10 +121,46 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 		c.proxies = append(c.proxies, d)
 	}
+	if err := c.waitProxiesHealthy(ctx); err != nil {
+		return c, err
+	}
 	if err := c.deployDNS(ctx); err != nil {
 		return c, err
 	}
 	return c, nil
+}
+
+// waitProxiesHealthy waits for every node's proxy to answer /healthz with
+// 200 (it has synced), so that a proxy that exits or never syncs fails the
+// start with its log rather than, minutes later, as pods that cannot reach
+// the API server.
+func (c *Cluster) waitProxiesHealthy(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for i, n := range c.Topo.Nodes {
+		d := c.proxies[i]
+		url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(n.Addr, 10256))
+		for {
+			if d.Exited() {
+				return fmt.Errorf("%s on %s exited:\n%s", c.opts.Proxy.Name, n.Name, tail(d.Log(), 20))
+			}
+			code, _, err := c.Topo.Fabric.Get(ctx, url)
+			if err == nil && code == http.StatusOK {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s on %s: %s not healthy (%d, %v):\n%s", c.opts.Proxy.Name, n.Name, url, code, err, tail(d.Log(), 20))
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func (c *Cluster) logf(format string, args ...any) {

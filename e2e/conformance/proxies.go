@@ -68,6 +68,10 @@ hostnameOverride: %s
 clusterCIDR: %s
 healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  # nf_conntrack_max is the init namespace's alone: kube-proxy cannot set
+  # it from a node's namespace and exits if asked to (kind sets 0 too).
+  maxPerCore: 0
 `, kc, n.Name, ClusterCIDR)
 		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 			return nil, err

@@ -40,9 +40,14 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 		}
 		errNote := ""
 		if r.Err != nil {
-			errNote = " (" + r.Err.Error() + ")"
+			errNote = " (ended early: below)"
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s%s |\n", r.Proxy, n["passed"], n["failed"], n["skipped"], r.Duration.Round(time.Second), errNote)
+	}
+	for _, r := range runs {
+		if r.Err != nil {
+			fmt.Fprintf(&b, "\n%s ended early:\n\n```\n%s\n```\n", r.Proxy, strings.TrimSpace(r.Err.Error()))
+		}
 	}
 	names := make([]string, 0, len(byName))
 	for n := range byName {
