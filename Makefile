@@ -65,7 +65,7 @@ conformance-bins: k8s-bins
 # nftproxy and then with kube-proxy --proxy-mode=nftables; writes
 # docs/conformance.md (e2e/conformance). CONFORMANCE_FOCUS narrows the run.
 conformance: deps conformance-bins
-	@command -v containerd >/dev/null && command -v runc >/dev/null || { apt-get update && apt-get install -y --no-install-recommends containerd runc containernetworking-plugins; }
+	@command -v containerd >/dev/null && command -v runc >/dev/null && test -x /usr/lib/cni/bridge || { apt-get update && apt-get install -y --no-install-recommends containerd runc containernetworking-plugins; }
 	NFTPROXY_CONFORMANCE=1 $(GO) test -count=1 -v -timeout 70m -run 'TestConformance$$' ./e2e/conformance
 
 # Root; only inside network namespaces it makes. Writes docs/benchmarks.md.
