@@ -75,6 +75,11 @@ programs() {
 		GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go test -c -p "$jobs" -ldflags "$ldflags" -o "$stage/e2e.test" k8s.io/kubernetes/test/e2e
 		mv -f "$stage/e2e.test" "$out/e2e.test"
 	fi
+	if [[ ! -x "$out/ginkgo" ]]; then
+		# The ginkgo CLI runs e2e.test in parallel processes (Options.Procs).
+		GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go build -p "$jobs" -o "$stage/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+		mv -f "$stage/ginkgo" "$out/ginkgo"
+	fi
 	if [[ ! -x "$out/coredns" ]]; then
 		echo "building coredns ${coredns_version}" >&2
 		# Its own module and go.sum: go install pkg@version builds it as released.

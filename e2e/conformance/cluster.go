@@ -45,6 +45,10 @@ type Options struct {
 	// (build.sh's output directory).
 	Bins  string
 	Nodes int // 0 means 2
+	// Procs above 1 runs e2e.test in that many parallel processes under
+	// the ginkgo CLI (Bins/ginkgo), as Kubernetes' CI does; specs marked
+	// [Serial] must then be skipped.
+	Procs int
 	Proxy Proxy
 	Logf  func(format string, args ...any)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,12 +121,16 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := 2
+	procs, err := strconv.Atoi(envOr("CONFORMANCE_PROCS", "1"))
+	if err != nil {
+		t.Fatalf("CONFORMANCE_PROCS: %v", err)
+	}
 	var runs []Run
 	for _, p := range []Proxy{NFTProxy(nftproxyBinary(t)), KubeProxy()} {
 		start := time.Now()
 		run := Run{Proxy: p.Name}
 		ctx, cancel := context.WithTimeout(t.Context(), budget+10*time.Minute)
-		c, err := Start(ctx, Options{Bins: b, Proxy: p, Nodes: nodes, Logf: t.Logf})
+		c, err := Start(ctx, Options{Bins: b, Proxy: p, Nodes: nodes, Procs: procs, Logf: t.Logf})
 		if err != nil {
 			// The report says why this proxy has no results; the other
 			// proxy still runs.

@@ -34,12 +34,24 @@ func (c *Cluster) RunSuite(ctx context.Context, focus, skip string, timeout time
 	if err := os.MkdirAll(report, 0o755); err != nil {
 		return nil, err
 	}
-	args := []string{"netns", "exec", c.Topo.Fabric.Name(), filepath.Join(c.opts.Bins, "e2e.test"),
-		"--kubeconfig=" + c.FabricKubeconfig, "--provider=local",
+	e2eFlags := []string{"--kubeconfig=" + c.FabricKubeconfig, "--provider=local",
 		"--kubectl-path=" + filepath.Join(c.opts.Bins, "kubectl"),
-		"--report-dir=" + report, "--dump-logs-on-failure=false",
-		"--ginkgo.focus=" + focus, "--ginkgo.skip=" + skip,
-		"--ginkgo.timeout=" + timeout.String(), "--ginkgo.no-color", "--ginkgo.junit-report=" + filepath.Join(report, "junit.xml"),
+		"--report-dir=" + report, "--dump-logs-on-failure=false"}
+	ginkgoFlags := []string{"focus=" + focus, "skip=" + skip, "timeout=" + timeout.String(), "no-color",
+		"junit-report=" + filepath.Join(report, "junit.xml")}
+	args := []string{"netns", "exec", c.Topo.Fabric.Name()}
+	if c.opts.Procs > 1 {
+		// The CLI starts the processes and merges their reports.
+		args = append(args, filepath.Join(c.opts.Bins, "ginkgo"), fmt.Sprintf("--procs=%d", c.opts.Procs))
+		for _, f := range ginkgoFlags {
+			args = append(args, "--"+f)
+		}
+		args = append(append(args, filepath.Join(c.opts.Bins, "e2e.test"), "--"), e2eFlags...)
+	} else {
+		args = append(append(args, filepath.Join(c.opts.Bins, "e2e.test")), e2eFlags...)
+		for _, f := range ginkgoFlags {
+			args = append(args, "--ginkgo."+f)
+		}
 	}
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	log, err := os.Create(filepath.Join(c.Dir, "e2e-"+c.opts.Proxy.Name+".log"))
