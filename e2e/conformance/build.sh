@@ -133,17 +133,21 @@ build_images() {
 		echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
 		pack busybox "$root" /bin/sh
 	fi
-	if [[ ! -s "$out/images/agnhost.tar" ]]; then
+	# What the tests exec in agnhost pods (upstream's image is Alpine with
+	# busybox; verifyServeHostnameServiceUp runs wget). A changed list
+	# rebuilds the image.
+	local agnhost_pkgs=bash,curl,wget,netcat-openbsd,iproute2,bind9-dnsutils,ca-certificates
+	if [[ ! -s "$out/images/agnhost.tar" || "$(cat "$out/images/agnhost.pkgs" 2>/dev/null)" != "$agnhost_pkgs" ]]; then
 		need_pkg mmdebstrap mmdebstrap
 		root="$stage/agnhost-root"
 		# The host's apt sources and suite: nothing here names a mirror.
 		local suite
 		suite="$(. /etc/os-release && echo "$VERSION_CODENAME")"
-		mmdebstrap --quiet --variant=minbase --include=bash,curl,netcat-openbsd,iproute2,bind9-dnsutils,ca-certificates \
-			"$suite" "$root"
+		mmdebstrap --quiet --variant=minbase --include="$agnhost_pkgs" "$suite" "$root"
 		rm -rf "$root/var/cache/apt/"* "$root/var/lib/apt/lists/"*
 		cp "$out/agnhost" "$root/agnhost"
 		pack agnhost "$root" /agnhost
+		echo "$agnhost_pkgs" >"$out/images/agnhost.pkgs"
 	fi
 	if [[ ! -s "$out/images/coredns.tar" ]]; then
 		root="$stage/coredns-root"
