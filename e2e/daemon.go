@@ -108,6 +108,12 @@ func (d *Daemon) Log() string {
 	return d.log.String()
 }
 
+// LogTail is the last n lines of the daemon's log, for an error message.
+func (d *Daemon) LogTail(n int) string {
+	lines := strings.Split(strings.TrimRight(d.Log(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
 // WaitSynced waits until the daemon has logged n successful syncs in all.
 func (d *Daemon) WaitSynced(ctx context.Context, n int) error {
 	for {

@@ -212,7 +212,7 @@ func (o *options) applyConfigFile(fs *flag.FlagSet) error {
 	d.applyClientConnection(c)
 	d.applyServing(c, fs)
 	d.applyDetectLocal(c)
-	periods, err := o.applyModeSection(d, c, fs)
+	periods, err := d.applyModeSection(c, fs)
 	if err != nil {
 		return err
 	}
@@ -329,35 +329,34 @@ type syncPeriods struct{ sync, minSync *string }
 // applyModeSection applies the mode's own section: nftables, else (iptables,
 // ipvs and kube-proxy's default, iptables) the iptables one, whose
 // nodePortAddresses default is every address and whose localhostNodePorts
-// defaults to on. Its warning goes to o, as before this function was split
-// out of applyConfigFile, which then replaces o with d: it is not logged.
-func (o *options) applyModeSection(d *options, c *kubeProxyConfiguration, fs *flag.FlagSet) (syncPeriods, error) {
+// defaults to on.
+func (o *options) applyModeSection(c *kubeProxyConfiguration, fs *flag.FlagSet) (syncPeriods, error) {
 	var masqBit *int
 	var p syncPeriods
-	d.proxyMode = c.Mode
+	o.proxyMode = c.Mode
 	if c.Mode == "" {
-		d.proxyMode = "iptables"
+		o.proxyMode = "iptables"
 	}
 	switch c.Mode {
 	case "nftables":
-		d.masqueradeAll, masqBit = c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit
+		o.masqueradeAll, masqBit = c.NFTables.MasqueradeAll, c.NFTables.MasqueradeBit
 		p = syncPeriods{c.NFTables.SyncPeriod, c.NFTables.MinSyncPeriod}
-		d.nodePortAddresses = "primary"
+		o.nodePortAddresses = "primary"
 	case "", "iptables", "ipvs":
-		d.masqueradeAll, masqBit = c.IPTables.MasqueradeAll, c.IPTables.MasqueradeBit
+		o.masqueradeAll, masqBit = c.IPTables.MasqueradeAll, c.IPTables.MasqueradeBit
 		p = syncPeriods{c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod}
-		d.nodePortAddresses = ""
+		o.nodePortAddresses = ""
 		if !set(fs, "localhost-nodeports") && (c.IPTables.LocalhostNodePorts == nil || *c.IPTables.LocalhostNodePorts) {
-			d.localhostNodePorts = localhostInNodePorts(c.NodePortAddresses)
+			o.localhostNodePorts = localhostInNodePorts(c.NodePortAddresses)
 		}
-		d.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
+		o.warn("Config file mode %q: nftproxy programs nftables; the iptables section's settings are used", modeName(c.Mode))
 	default:
 		return p, fmt.Errorf("parse config file %s: mode %q: nftproxy supports nftables, and iptables or ipvs configurations through their iptables section", o.configFile, c.Mode)
 	}
 	if len(c.NodePortAddresses) > 0 {
-		d.nodePortAddresses = strings.Join(c.NodePortAddresses, ",")
+		o.nodePortAddresses = strings.Join(c.NodePortAddresses, ",")
 	}
-	setPtr(&d.masqueradeBit, masqBit)
+	setPtr(&o.masqueradeBit, masqBit)
 	return p, nil
 }
 

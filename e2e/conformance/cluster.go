@@ -31,6 +31,10 @@ const ClusterCIDR = "10.244.0.0/16"
 // the nodes, the pods (the kubernetes Service's endpoint) and e2e.test.
 const apiPort = 6443
 
+// healthzPort is where each node's proxy serves /healthz (kube-proxy's
+// default), on the node's address so the harness reaches it over the fabric.
+const healthzPort = 10256
+
 // Proxy is the service proxy every node runs.
 type Proxy struct {
 	// Name is how the results name it: "nftproxy" or "kube-proxy".
@@ -139,32 +143,27 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 // start with its log rather than, minutes later, as pods that cannot reach
 // the API server.
 func (c *Cluster) waitProxiesHealthy(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
 	for i, n := range c.Topo.Nodes {
 		d := c.proxies[i]
-		url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(n.Addr, 10256))
-		for {
+		url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(n.Addr, healthzPort))
+		err := retry(ctx, 90*time.Second, func() error {
 			if d.Exited() {
-				return fmt.Errorf("%s on %s exited:\n%s", c.opts.Proxy.Name, n.Name, tail(d.Log(), 20))
+				return permanent(errors.New("exited"))
 			}
 			code, _, err := c.Topo.Fabric.Get(ctx, url)
-			if err == nil && code == http.StatusOK {
-				break
+			if err != nil {
+				return err
 			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("%s on %s: %s not healthy (%d, %v):\n%s", c.opts.Proxy.Name, n.Name, url, code, err, tail(d.Log(), 20))
+			if code != http.StatusOK {
+				return fmt.Errorf("%s answered %d", url, code)
 			}
-			time.Sleep(500 * time.Millisecond)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("%s on %s: %w; its log ends:\n%s", c.opts.Proxy.Name, n.Name, err, d.LogTail(20))
 		}
 	}
 	return nil
-}
-
-// tail is the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func (c *Cluster) logf(format string, args ...any) {

@@ -139,7 +139,7 @@ func TestConformance(t *testing.T) {
 		} else {
 			t.Logf("%s: cluster up in %s; running e2e.test", p.Name, time.Since(start).Round(time.Second))
 			res, err := c.RunSuite(ctx, focus, skip, budget)
-			run.Results, run.Err, run.Duration = inFocus(res, focus), err, time.Since(start)
+			run.Results, run.Err, run.Duration = explainSkips(inFocus(res, focus), skip), err, time.Since(start)
 			if err != nil {
 				t.Errorf("%s: %v", p.Name, err)
 			}

@@ -45,7 +45,7 @@ func NFTProxy(binary string) Proxy {
 			return nil, err
 		}
 		return e2e.Start(n.NS, binary, "--kubeconfig", kc, "--hostname-override", n.Name,
-			"--cluster-cidr", ClusterCIDR, "--healthz-bind-address", "0.0.0.0:10256",
+			"--cluster-cidr", ClusterCIDR, "--healthz-bind-address", fmt.Sprintf("0.0.0.0:%d", healthzPort),
 			"--metrics-bind-address", "127.0.0.1:10249", "-v", "2")
 	}}
 }
@@ -66,13 +66,13 @@ clientConnection:
   kubeconfig: %s
 hostnameOverride: %s
 clusterCIDR: %s
-healthzBindAddress: 0.0.0.0:10256
+healthzBindAddress: 0.0.0.0:%d
 metricsBindAddress: 127.0.0.1:10249
 conntrack:
   # nf_conntrack_max is the init namespace's alone: kube-proxy cannot set
   # it from a node's namespace and exits if asked to (kind sets 0 too).
   maxPerCore: 0
-`, kc, n.Name, ClusterCIDR)
+`, kc, n.Name, ClusterCIDR, healthzPort)
 		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 			return nil, err
 		}

@@ -32,7 +32,7 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 			byName[res.Name][r.Proxy] = res
 		}
 	}
-	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | time |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | not reached | time |\n|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		n := map[string]int{}
 		for _, res := range r.Results {
@@ -42,7 +42,7 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 		if r.Err != nil {
 			errNote = " (ended early: below)"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s%s |\n", r.Proxy, n["passed"], n["failed"], n["skipped"], r.Duration.Round(time.Second), errNote)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s%s |\n", r.Proxy, n["passed"], n["failed"], n["skipped"], n[notReached], r.Duration.Round(time.Second), errNote)
 	}
 	for _, r := range runs {
 		if r.Err != nil {
@@ -80,6 +80,29 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 		fmt.Fprintf(&b, " %s |\n", escape(strings.Join(dedupe(reasons), "; ")))
 	}
 	return b.String()
+}
+
+// notReached is the state of a spec the suite's timeout cut off: ginkgo
+// reports it as skipped with no reason, as it does a spec the skip filter
+// left out, so the filter tells the two apart.
+const notReached = "not reached"
+
+// explainSkips names the reason of every skip ginkgo gave none: the skip
+// filter, else the suite ended before the spec ran.
+func explainSkips(results []Result, skip string) []Result {
+	re := regexp.MustCompile(skip)
+	out := make([]Result, len(results))
+	for i, r := range results {
+		if r.State == "skipped" && r.Reason == "skipped" {
+			if re.MatchString(r.Name) {
+				r.Reason = "skipped - matches the skip filter"
+			} else {
+				r.State, r.Reason = notReached, "the suite's timeout ended the run before it"
+			}
+		}
+		out[i] = r
+	}
+	return out
 }
 
 // inFocus keeps the results whose name the focus selects (the report also

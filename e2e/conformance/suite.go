@@ -22,7 +22,7 @@ const (
 // Result is one test's outcome.
 type Result struct {
 	Name   string
-	State  string // passed, failed, skipped
+	State  string // passed, failed, skipped, or notReached
 	Reason string // a skip's or failure's message, first line
 	Time   time.Duration
 }
@@ -36,11 +36,17 @@ func (c *Cluster) RunSuite(ctx context.Context, focus, skip string, timeout time
 	}
 	e2eFlags := []string{"--kubeconfig=" + c.FabricKubeconfig, "--provider=local",
 		"--kubectl-path=" + filepath.Join(c.opts.Bins, "kubectl"),
-		"--report-dir=" + report, "--dump-logs-on-failure=false"}
+		"--report-dir=" + report, "--dump-logs-on-failure=false",
+		// Without it the framework counts -1 nodes and skips every spec
+		// that needs two ("Requires at least 2 nodes (not -1)").
+		fmt.Sprintf("--num-nodes=%d", len(c.Topo.Nodes))}
 	ginkgoFlags := []string{"focus=" + focus, "skip=" + skip, "timeout=" + timeout.String(), "no-color",
 		"junit-report=" + filepath.Join(report, "junit.xml")}
 	args := []string{"netns", "exec", c.Topo.Fabric.Name()}
 	if c.opts.Procs > 1 {
+		if _, err := os.Stat(filepath.Join(c.opts.Bins, "ginkgo")); err != nil {
+			return nil, fmt.Errorf("run e2e.test in %d processes: %w (e2e/conformance/build.sh builds the ginkgo CLI)", c.opts.Procs, err)
+		}
 		// The CLI starts the processes and merges their reports.
 		args = append(args, filepath.Join(c.opts.Bins, "ginkgo"), fmt.Sprintf("--procs=%d", c.opts.Procs))
 		for _, f := range ginkgoFlags {
