@@ -121,7 +121,7 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := 2
-	procs, err := strconv.Atoi(envOr("CONFORMANCE_PROCS", "1"))
+	procs, err := strconv.Atoi(envOr("CONFORMANCE_PROCS", "3"))
 	if err != nil {
 		t.Fatalf("CONFORMANCE_PROCS: %v", err)
 	}

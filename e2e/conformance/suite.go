@@ -13,10 +13,13 @@ import (
 )
 
 // Focus and Skip are the suite's selection: the Services tests, the
-// Networking and Conntrack tests beside them, nothing that disrupts nodes.
+// Networking and Conntrack tests beside them. Skipped: what disrupts nodes
+// or needs the whole cluster (Disruptive, Serial); "Internet connection",
+// since the namespaces have no route off the machine (the network-safety
+// rule); IPerf2, a benchmark; SCTP, as the nodes do not load sctp.
 const (
 	Focus = `\[sig-network\] (Services|Networking|Conntrack)`
-	Skip  = `Disruptive|\[Serial\]`
+	Skip  = `Disruptive|\[Serial\]|Internet connection|IPerf2|sctp|SCTP`
 )
 
 // Result is one test's outcome.
