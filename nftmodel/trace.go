@@ -462,115 +462,145 @@ type action struct {
 // they run, even when a later match in the same rule fails, as in the kernel.
 func (t *tracer) eval(w *walk, r Rule) action {
 	var notes []string
-	result := func(a action) action {
-		if a.note != "" {
-			notes = append(notes, a.note)
-		}
-		a.note = strings.Join(notes, ", ")
-		return a
-	}
 	for _, e := range r.Exprs {
-		switch e := e.(type) {
-		case MatchPrefix:
-			if e.Prefix.Contains(w.field(e.Field).Addr) == e.Negate {
+		if matched, ok := t.match(w, e); ok {
+			if !matched {
 				return action{kind: actNoMatch}
 			}
-		case MatchL4Proto:
-			if w.proto != e.Proto {
-				return action{kind: actNoMatch}
-			}
-		case MatchMark:
-			if (w.mark&e.Mask != 0) != e.IsSet {
-				return action{kind: actNoMatch}
-			}
-		case MatchFibDaddrLocal:
-			if !t.isLocal(w.dst) {
-				return action{kind: actNoMatch}
-			}
-		case MatchFibSaddrLocal:
-			if !t.isLocal(w.src) {
-				return action{kind: actNoMatch}
-			}
-		case UpdateSet:
-			// Affinity state is not modelled: a new client is in no set.
-		case UpdateMap:
-			notes = append(notes, traceUpdateMap(e))
-		case Counter:
-		case MatchCtStateInvalid:
-			// The first packet of a connection is new, never invalid.
-			return action{kind: actNoMatch}
-		case MatchCtStatusDNAT:
-			if w.dnat.IsValid() == e.Negate {
-				return action{kind: actNoMatch}
-			}
-		case MatchCtStateEstablished:
-			// The first packet of a connection is new.
-			if !e.Negate {
-				return action{kind: actNoMatch}
-			}
-		case MatchIifname:
-			if t.iifMatches(w, e.Name) == e.Negate {
-				return action{kind: actNoMatch}
-			}
-		case MatchSet:
-			if _, ok := t.lookup(w, e.Set, e.Key); ok == e.Negate {
-				return action{kind: actNoMatch}
-			}
-		case VerdictMap:
-			el, ok := t.lookup(w, e.Map, e.Key)
-			if !ok {
-				return action{kind: actNoMatch}
-			}
-			if el.Verdict == nil {
-				panic(fmt.Sprintf("nftmodel: trace: vmap lookup in %q, which holds no verdicts", e.Map))
-			}
-			return result(verdictAction(*el.Verdict, true))
-		case NumgenGoto:
-			return action{kind: actFork, targets: e.Chains}
-		case MarkOr:
-			w.mark |= e.Bits
-			notes = append(notes, fmt.Sprintf("mark 0x%08x", w.mark))
-		case MarkXor:
-			w.mark ^= e.Bits
-			notes = append(notes, fmt.Sprintf("mark 0x%08x", w.mark))
-		case DNATMap:
-			want := w.fields(e.Key)
-			if e.Numgen > 0 {
-				want = append(want, N(w.slot+e.Offset))
-			}
-			el, ok := t.lookupValues(e.Map, want)
-			if !ok {
-				return action{kind: actNoMatch}
-			}
-			if len(el.Data) == 0 || len(el.Data) > 2 {
-				panic(fmt.Sprintf("nftmodel: trace: dnat map %q holds %d values, want address [. port]", e.Map, len(el.Data)))
-			}
-			port := w.dport
-			if len(el.Data) == 2 {
-				port = uint16(el.Data[1].Num)
-			}
-			return result(w.doDNAT(el.Data[0].Addr, port))
-		case DNAT:
-			if w.proto != e.Proto {
-				return action{kind: actNoMatch}
-			}
-			return result(w.doDNAT(e.Addr, e.Port))
-		case Masquerade:
-			w.masq = true
-			return result(action{kind: actAccept})
-		case Reject:
-			// nft adds "meta l4proto tcp" before a TCP reset.
-			if e.TCPReset && w.proto != 6 {
-				return action{kind: actNoMatch}
-			}
-			return result(action{kind: actReject})
-		case Verdict:
-			return result(verdictAction(e, false))
-		default:
-			panic(fmt.Sprintf("nftmodel: trace: unknown expression %T", e))
+			continue
 		}
+		if note, ok := w.statement(e); ok {
+			if note != "" {
+				notes = append(notes, note)
+			}
+			continue
+		}
+		a := t.final(w, e)
+		if a.kind == actNoMatch {
+			return a
+		}
+		return withNotes(a, notes)
 	}
-	return result(action{kind: actContinue})
+	return withNotes(action{kind: actContinue}, notes)
+}
+
+// withNotes prefixes what the rule's statements did to a's own note.
+func withNotes(a action, notes []string) action {
+	if a.note != "" {
+		notes = append(notes, a.note)
+	}
+	a.note = strings.Join(notes, ", ")
+	return a
+}
+
+// match tells whether the packet passes e; ok is false when e is no match.
+func (t *tracer) match(w *walk, e Expr) (matched, ok bool) {
+	switch e := e.(type) {
+	case MatchPrefix:
+		return e.Prefix.Contains(w.field(e.Field).Addr) != e.Negate, true
+	case MatchL4Proto:
+		return w.proto == e.Proto, true
+	case MatchMark:
+		return (w.mark&e.Mask != 0) == e.IsSet, true
+	case MatchFibDaddrLocal:
+		return t.isLocal(w.dst), true
+	case MatchFibSaddrLocal:
+		return t.isLocal(w.src), true
+	case MatchCtStateInvalid:
+		// The first packet of a connection is new, never invalid.
+		return false, true
+	case MatchCtStatusDNAT:
+		return w.dnat.IsValid() != e.Negate, true
+	case MatchCtStateEstablished:
+		// The first packet of a connection is new.
+		return e.Negate, true
+	case MatchIifname:
+		return t.iifMatches(w, e.Name) != e.Negate, true
+	case MatchSet:
+		_, found := t.lookup(w, e.Set, e.Key)
+		return found != e.Negate, true
+	}
+	return false, false
+}
+
+// statement runs e when it is a statement that lets the rule go on, and
+// returns what it did; ok is false when e is none.
+func (w *walk) statement(e Expr) (note string, ok bool) {
+	switch e := e.(type) {
+	case UpdateSet:
+		// Affinity state is not modelled: a new client is in no set.
+		return "", true
+	case UpdateMap:
+		return traceUpdateMap(e), true
+	case Counter:
+		return "", true
+	case MarkOr:
+		w.mark |= e.Bits
+		return fmt.Sprintf("mark 0x%08x", w.mark), true
+	case MarkXor:
+		w.mark ^= e.Bits
+		return fmt.Sprintf("mark 0x%08x", w.mark), true
+	}
+	return "", false
+}
+
+// final evaluates an expression that ends the rule: a verdict, a lookup
+// that yields one, or a statement the kernel ends the base chain with. Any
+// other expression is one the kernel would not know.
+func (t *tracer) final(w *walk, e Expr) action {
+	switch e := e.(type) {
+	case VerdictMap:
+		el, ok := t.lookup(w, e.Map, e.Key)
+		if !ok {
+			return action{kind: actNoMatch}
+		}
+		if el.Verdict == nil {
+			panic(fmt.Sprintf("nftmodel: trace: vmap lookup in %q, which holds no verdicts", e.Map))
+		}
+		return verdictAction(*el.Verdict, true)
+	case NumgenGoto:
+		return action{kind: actFork, targets: e.Chains}
+	case DNATMap:
+		return t.dnatMap(w, e)
+	case DNAT:
+		if w.proto != e.Proto {
+			return action{kind: actNoMatch}
+		}
+		return w.doDNAT(e.Addr, e.Port)
+	case Masquerade:
+		w.masq = true
+		return action{kind: actAccept}
+	case Reject:
+		// nft adds "meta l4proto tcp" before a TCP reset.
+		if e.TCPReset && w.proto != 6 {
+			return action{kind: actNoMatch}
+		}
+		return action{kind: actReject}
+	case Verdict:
+		return verdictAction(e, false)
+	}
+	panic(fmt.Sprintf("nftmodel: trace: unknown expression %T", e))
+}
+
+// dnatMap DNATs to the address [. port] the map holds for the packet's key,
+// with the numgen slot the branch chose appended when the map draws one.
+func (t *tracer) dnatMap(w *walk, e DNATMap) action {
+	want := w.fields(e.Key)
+	if e.Numgen > 0 {
+		want = append(want, N(w.slot+e.Offset))
+	}
+	el, ok := t.lookupValues(e.Map, want)
+	if !ok {
+		return action{kind: actNoMatch}
+	}
+	if len(el.Data) == 0 || len(el.Data) > 2 {
+		panic(fmt.Sprintf("nftmodel: trace: dnat map %q holds %d values, want address [. port]", e.Map, len(el.Data)))
+	}
+	port := w.dport
+	if len(el.Data) == 2 {
+		port = uint16(el.Data[1].Num)
+	}
+	return w.doDNAT(el.Data[0].Addr, port)
 }
 
 func verdictAction(v Verdict, fromMap bool) action {
