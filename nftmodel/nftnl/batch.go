@@ -7,6 +7,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nftmodel"
@@ -391,29 +392,61 @@ func (b *batch) elements(set string, src nftmodel.ElementSource, add bool) error
 //
 // The library's messages are encoded first, on b.lib, which keeps them
 // instead of sending; the batch is then written into one buffer sized for
-// it (sizeHint), the library's messages copied in their places and set
+// it (bufferSize), the library's messages copied in their places and set
 // elements encoded in theirs.
 func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
-	libMsgs := 0
+	lib, err := b.encodeLib()
+	if err != nil {
+		return nftmodel.Stats{}, b.fail(verb, err)
+	}
+	w, what, err := b.write(lib, genID)
+	if err != nil {
+		return nftmodel.Stats{}, b.fail(verb, err)
+	}
+	first := nextSeqs(len(what) + 2)
+	w.number(first)
+
+	b.stats.Messages = len(what) + 2
+	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)
+	if err == nil && refused == nil {
+		return b.stats, nil
+	}
+	where, err := refusedAt(what, first, refused, err)
+	return b.stats, fmt.Errorf("%s %s (%s): %w", verb, b.subject, where, err)
+}
+
+// encodeLib runs the steps' library calls and returns the messages the
+// library encoded for them, in step order, with the user data of sets
+// declared with typeof put in.
+func (b *batch) encodeLib() ([]netlink.Message, error) {
+	planned := 0
 	for _, s := range b.steps {
 		if s.queue != nil {
 			if err := s.queue(); err != nil {
 				b.lib.discard()
-				return nftmodel.Stats{}, b.fail(verb, err)
+				return nil, err
 			}
-			libMsgs += s.msgs
+			planned += s.msgs
 		}
 	}
-	captured, err := b.lib.encode()
+	msgs, err := b.lib.encode()
 	if err != nil {
-		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: %w", err))
+		return nil, fmt.Errorf("encode messages: %w", err)
 	}
-	if len(captured) != libMsgs {
+	if len(msgs) != planned {
 		// The count of each step must be exact, or errors would name the
 		// wrong message.
-		return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(captured), libMsgs))
+		return nil, fmt.Errorf("encode messages: the library made %d messages, %d planned", len(msgs), planned)
 	}
-	lib := captured
+	if err := b.putUserData(msgs); err != nil {
+		return nil, err
+	}
+	return msgs, nil
+}
+
+// putUserData replaces the user data of the steps that carry their own
+// (each a set of one message) in lib, the library's messages of every step.
+func (b *batch) putUserData(lib []netlink.Message) error {
 	for _, s := range b.steps {
 		if s.queue == nil {
 			continue
@@ -421,15 +454,20 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 		if s.userData != nil {
 			data, err := withUserData(lib[0].Data, s.userData)
 			if err != nil {
-				return nftmodel.Stats{}, b.fail(verb, fmt.Errorf("encode %s: %w", s.what, err))
+				return fmt.Errorf("encode %s: %w", s.what, err)
 			}
 			lib[0].Data = data
 		}
 		lib = lib[s.msgs:]
 	}
+	return nil
+}
 
+// bufferSize is what the batch takes written: its edges, the library's
+// messages lib and every elements step's hint.
+func (b *batch) bufferSize(lib []netlink.Message, genID uint32) int {
 	size := 2 * batchEdgeSize(genID)
-	for _, m := range captured {
+	for _, m := range lib {
 		size += nlmsgHeaderLen + align4(len(m.Data))
 	}
 	for _, s := range b.steps {
@@ -437,18 +475,24 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 			size += e.sizeHint(b.table.Name)
 		}
 	}
-	// Numbered from 0 as written, renumbered once the count is known.
-	w := &wire{buf: make([]byte, 0, size)}
+	return size
+}
+
+// write writes the batch between its begin and end: the library's messages
+// lib copied in their steps' places, set elements encoded in theirs. what
+// describes each message between the edges. The messages are numbered from
+// 0 as written, to be renumbered once their count is known.
+func (b *batch) write(lib []netlink.Message, genID uint32) (*wire, []message, error) {
+	w := &wire{buf: make([]byte, 0, b.bufferSize(lib, genID))}
 	var what []message
 	w.batchEdge(unix.NFNL_MSG_BATCH_BEGIN, genID)
-	lib = captured
 	for _, s := range b.steps {
 		if e := s.elements; e != nil {
 			err := w.elements(b.family, b.table.Name, e, func(lo, hi int) {
 				what = append(what, message{elements: e, lo: lo, hi: hi})
 			})
 			if err != nil {
-				return nftmodel.Stats{}, b.fail(verb, err)
+				return nil, nil, err
 			}
 			continue
 		}
@@ -459,36 +503,34 @@ func (b *batch) send(verb string, genID uint32) (nftmodel.Stats, error) {
 		lib = lib[s.msgs:]
 	}
 	w.batchEdge(unix.NFNL_MSG_BATCH_END, genID)
-	first := nextSeqs(len(what) + 2)
-	w.number(first)
+	return w, what, nil
+}
 
-	b.stats.Messages = len(what) + 2
-	refused, err := sendBatch(b.conn, w.buf, first, b.stats.Messages)
-	if err == nil && refused == nil {
-		return b.stats, nil
-	}
-	where := fmt.Sprintf("batch of %d messages", b.stats.Messages)
+// refusedAt names where a batch failed, for its error, and the error to
+// wrap: sending's, or the errno of the message the kernel refused. what
+// describes the messages between the batch's edges, numbered from first
+// with its begin.
+func refusedAt(what []message, first uint32, refused *refusal, err error) (string, error) {
+	where := fmt.Sprintf("batch of %d messages", len(what)+2)
 	switch {
 	case err != nil && errors.Is(err, unix.ENOBUFS):
-		where += "; replies were lost, the kernel may have committed it"
+		return where + "; replies were lost, the kernel may have committed it", err
 	case err != nil:
+		return where, err
 	case refused.errno == unix.ERESTART:
-		where += "; the ruleset changed since it was read"
-		err = refused.errno
-	default:
-		// The kernel answers a failed commit, and a batch begin it
-		// refuses, with the begin's number.
-		switch i := refused.seq - first; {
-		case i == 0:
-			where += "; refused at its begin or in the commit"
-		case i <= uint32(len(what)):
-			where = fmt.Sprintf("message %d of %d: %s", i, len(what), what[i-1].describe())
-		default:
-			where += "; refused at its end"
-		}
-		err = refused.errno
+		return where + "; the ruleset changed since it was read", refused.errno
 	}
-	return b.stats, fmt.Errorf("%s %s (%s): %w", verb, b.subject, where, err)
+	// The kernel answers a failed commit, and a batch begin it refuses,
+	// with the begin's number.
+	switch i := refused.seq - first; {
+	case i == 0:
+		where += "; refused at its begin or in the commit"
+	case i <= uint32(len(what)):
+		where = fmt.Sprintf("message %d of %d: %s", i, len(what), what[i-1].describe())
+	default:
+		where += "; refused at its end"
+	}
+	return where, refused.errno
 }
 
 // message says what one message of a written batch does, for errors: a
