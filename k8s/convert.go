@@ -337,16 +337,38 @@ type PortEndpoints struct {
 // and of other proxies' services give nil and no error. Like kube-proxy, only
 // the first address of an endpoint is used.
 func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []error) {
-	if slice == nil || slice.AddressType == discoveryv1.AddressTypeFQDN {
-		return nil, nil
-	}
-	if _, ok := slice.Labels[v1.IsHeadlessService]; ok {
-		return nil, nil
-	}
-	if _, ok := slice.Labels[LabelServiceProxyName]; ok {
+	if ignoredSlice(slice) {
 		return nil, nil
 	}
 	p := &problems{kind: KindEndpointSlice, ns: slice.Namespace, name: slice.Name}
+	want, ok := checkSliceKind(slice, p)
+	if !ok {
+		return nil, p.errs
+	}
+	eps := sliceEndpoints(slice, want, p)
+	out := &SliceEndpoints{Namespace: slice.Namespace, Name: slice.Name, Service: slice.Labels[discoveryv1.LabelServiceName]}
+	out.Ports = slicePorts(slice.Ports, eps, p)
+	return out, p.errs
+}
+
+// ignoredSlice tells whether a slice is none of nftproxy's business: FQDN
+// addresses, a headless service's or another proxy's.
+func ignoredSlice(slice *discoveryv1.EndpointSlice) bool {
+	if slice == nil || slice.AddressType == discoveryv1.AddressTypeFQDN {
+		return true
+	}
+	if _, ok := slice.Labels[v1.IsHeadlessService]; ok {
+		return true
+	}
+	_, ok := slice.Labels[LabelServiceProxyName]
+	return ok
+}
+
+// checkSliceKind checks what attributes the slice: its names, its service
+// label and its address type. want tells the addresses of that type; ok is
+// false when the slice must be skipped.
+func checkSliceKind(slice *discoveryv1.EndpointSlice, p *problems) (want func(netip.Addr) bool, ok bool) {
+	n := len(p.errs)
 	const skip = "slice"
 	if slice.Name == "" {
 		p.add("metadata.name", skip, ErrMissingField)
@@ -354,11 +376,9 @@ func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []er
 	if slice.Namespace == "" {
 		p.add("metadata.namespace", skip, ErrMissingField)
 	}
-	svcName := slice.Labels[discoveryv1.LabelServiceName]
-	if svcName == "" {
+	if slice.Labels[discoveryv1.LabelServiceName] == "" {
 		p.add("metadata.labels", skip, reasonf(ErrMissingField, "no %s label", discoveryv1.LabelServiceName))
 	}
-	var want func(netip.Addr) bool
 	switch slice.AddressType {
 	case discoveryv1.AddressTypeIPv4:
 		want = netip.Addr.Is4
@@ -367,10 +387,12 @@ func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []er
 	default:
 		p.add("addressType", skip, reasonf(ErrInvalidValue, "unknown address type %q", slice.AddressType))
 	}
-	if len(p.errs) > 0 {
-		return nil, p.errs
-	}
+	return want, len(p.errs) == n
+}
 
+// sliceEndpoints converts the slice's endpoints, without ports, skipping
+// those whose first address is missing, bad or not of type want.
+func sliceEndpoints(slice *discoveryv1.EndpointSlice, want func(netip.Addr) bool, p *problems) []Endpoint {
 	var eps []Endpoint
 	for i := range slice.Endpoints {
 		e := &slice.Endpoints[i]
@@ -389,32 +411,26 @@ func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []er
 		}
 		eps = append(eps, convertEndpoint(e, a))
 	}
+	return eps
+}
 
-	out := &SliceEndpoints{Namespace: slice.Namespace, Name: slice.Name, Service: svcName}
+// slicePorts gives the endpoints eps once for each valid port of a slice,
+// with that port's number, sorted by port name, then protocol. Of two
+// ports with one name and protocol, the first is kept.
+func slicePorts(ports []discoveryv1.EndpointPort, eps []Endpoint, p *problems) []PortEndpoints {
 	type key struct {
 		name  string
 		proto Protocol
 	}
 	seen := map[key]bool{}
-	for i := range slice.Ports {
-		sp := &slice.Ports[i]
+	var out []PortEndpoints
+	for i := range ports {
+		sp := &ports[i]
 		field := fmt.Sprintf("ports[%d]", i)
 		name := deref(sp.Name)
-		n := len(p.errs)
 		skipped := portLabel(name, deref(sp.Port), deref(sp.Protocol))
-		proto, err := parseProtocol(string(deref(sp.Protocol)))
-		if err != nil {
-			p.add(field+".protocol", skipped, err)
-		}
-		if err := checkPortName(name); err != nil {
-			p.add(field+".name", skipped, err)
-		}
-		if sp.Port == nil {
-			p.add(field+".port", skipped, ErrMissingField)
-		} else if err := checkPort(*sp.Port); err != nil {
-			p.add(field+".port", skipped, err)
-		}
-		if len(p.errs) > n {
+		proto, ok := checkSlicePort(sp, field, skipped, p)
+		if !ok {
 			continue
 		}
 		if seen[key{name, proto}] {
@@ -422,18 +438,41 @@ func EndpointsFromSlice(slice *discoveryv1.EndpointSlice) (*SliceEndpoints, []er
 			continue
 		}
 		seen[key{name, proto}] = true
-		pe := PortEndpoints{Name: name, Protocol: proto, Endpoints: make([]Endpoint, len(eps))}
-		for j, e := range eps {
-			e.Port = uint16(*sp.Port)
-			pe.Endpoints[j] = e
-		}
-		pe.Endpoints = mergeEndpoints(pe.Endpoints)
-		out.Ports = append(out.Ports, pe)
+		out = append(out, PortEndpoints{Name: name, Protocol: proto, Endpoints: withPort(eps, uint16(*sp.Port))})
 	}
-	slices.SortFunc(out.Ports, func(a, b PortEndpoints) int {
+	slices.SortFunc(out, func(a, b PortEndpoints) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol))
 	})
-	return out, p.errs
+	return out
+}
+
+// checkSlicePort checks a slice port's protocol, name and number; ok is
+// false when the port must be skipped.
+func checkSlicePort(sp *discoveryv1.EndpointPort, field, skipped string, p *problems) (proto Protocol, ok bool) {
+	n := len(p.errs)
+	proto, err := parseProtocol(string(deref(sp.Protocol)))
+	if err != nil {
+		p.add(field+".protocol", skipped, err)
+	}
+	if err := checkPortName(deref(sp.Name)); err != nil {
+		p.add(field+".name", skipped, err)
+	}
+	if sp.Port == nil {
+		p.add(field+".port", skipped, ErrMissingField)
+	} else if err := checkPort(*sp.Port); err != nil {
+		p.add(field+".port", skipped, err)
+	}
+	return proto, len(p.errs) == n
+}
+
+// withPort is a copy of eps with each endpoint's port set, merged.
+func withPort(eps []Endpoint, port uint16) []Endpoint {
+	out := make([]Endpoint, len(eps))
+	for i, e := range eps {
+		e.Port = port
+		out[i] = e
+	}
+	return mergeEndpoints(out)
 }
 
 func convertEndpoint(e *discoveryv1.Endpoint, a netip.Addr) Endpoint {
