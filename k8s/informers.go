@@ -56,39 +56,14 @@ func RunInformersResync(ctx context.Context, client kubernetes.Interface, nodeNa
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(slim))
 
-	var regs []cache.ResourceEventHandlerRegistration
-	add := func(kind string, inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) {
-		reg, err := inf.AddEventHandler(h)
-		if err != nil {
-			// Only a stopped informer refuses handlers; ours is new.
-			log.Error("Failed to add event handler", zap.String("kind", kind), zap.Error(err))
-			regs = append(regs, neverSynced{})
-			return
-		}
-		regs = append(regs, reg)
+	regs := []cache.ResourceEventHandlerRegistration{
+		addHandler(log, KindService, factory.Core().V1().Services().Informer(),
+			handlers(log, KindService, tracker.SetService, tracker.DeleteService)),
+		addHandler(log, KindEndpointSlice, factory.Discovery().V1().EndpointSlices().Informer(),
+			handlers(log, KindEndpointSlice, tracker.SetSlice, tracker.DeleteSlice)),
 	}
-
-	add(KindService, factory.Core().V1().Services().Informer(), handlers(log, KindService, tracker.SetService, tracker.DeleteService))
-	add(KindEndpointSlice, factory.Discovery().V1().EndpointSlices().Informer(),
-		handlers(log, KindEndpointSlice, tracker.SetSlice, tracker.DeleteSlice))
 	if nodeName != "" {
-		nodeSel := fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		inf := factory.InformerFor(&v1.Node{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return coreinformers.NewFilteredNodeInformer(c, resync, cache.Indexers{},
-				func(o *metav1.ListOptions) { o.FieldSelector = nodeSel })
-		})
-		// The field selector already filters; the check guards against
-		// clients that ignore it (the fake clientset does).
-		setNode := func(n *v1.Node) {
-			if n.Name == nodeName {
-				tracker.SetNode(n)
-			}
-		}
-		add(KindNode, inf, handlers(log, KindNode, setNode, func(_, name string) {
-			if name == nodeName {
-				tracker.SetNode(nil)
-			}
-		}))
+		regs = append(regs, addHandler(log, KindNode, nodeInformer(factory, nodeName), nodeHandlers(log, nodeName, tracker)))
 	}
 
 	// Whether to watch ServiceCIDRs is a question for the API server, which
@@ -96,25 +71,9 @@ func RunInformersResync(ctx context.Context, client kubernetes.Interface, nodeNa
 	// SIGTERM during it) never waits on it; synced stays false until answered.
 	var cidrsSynced atomic.Pointer[func() bool]
 	go func() {
-		serves, err := waitServesServiceCIDRs(ctx, client, log)
-		if err != nil {
-			return // ctx ended
+		if done, ok := watchServiceCIDRs(ctx, client, tracker, log); ok {
+			cidrsSynced.Store(&done)
 		}
-		done := func() bool { return true }
-		if serves {
-			// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
-			inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slim)).
-				Networking().V1().ServiceCIDRs().Informer()
-			reg, err := inf.AddEventHandler(handlers(log, KindServiceCIDR, tracker.SetServiceCIDR,
-				func(_, name string) { tracker.DeleteServiceCIDR(name) }))
-			if err != nil {
-				log.Error("Failed to add event handler", zap.String("kind", KindServiceCIDR), zap.Error(err))
-				return
-			}
-			done = reg.HasSynced
-			go inf.RunWithContext(ctx)
-		}
-		cidrsSynced.Store(&done)
 	}()
 
 	factory.Start(ctx.Done())
@@ -133,6 +92,68 @@ func RunInformersResync(ctx context.Context, client kubernetes.Interface, nodeNa
 		}
 		return true
 	}
+}
+
+// addHandler adds h to inf; a registration that never syncs stands for one
+// that failed, so that nothing is applied without that kind.
+func addHandler(log *zap.Logger, kind string, inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) cache.ResourceEventHandlerRegistration {
+	reg, err := inf.AddEventHandler(h)
+	if err != nil {
+		// Only a stopped informer refuses handlers; ours is new.
+		log.Error("Failed to add event handler", zap.String("kind", kind), zap.Error(err))
+		return neverSynced{}
+	}
+	return reg
+}
+
+// nodeInformer is the factory's informer on the one Node named nodeName.
+func nodeInformer(factory informers.SharedInformerFactory, nodeName string) cache.SharedIndexInformer {
+	nodeSel := fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	return factory.InformerFor(&v1.Node{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredNodeInformer(c, resync, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.FieldSelector = nodeSel })
+	})
+}
+
+// nodeHandlers feed the Node named nodeName to tracker. The informer's field
+// selector already filters; the check guards against clients that ignore it
+// (the fake clientset does).
+func nodeHandlers(log *zap.Logger, nodeName string, tracker *Tracker) cache.ResourceEventHandlerFuncs {
+	setNode := func(n *v1.Node) {
+		if n.Name == nodeName {
+			tracker.SetNode(n)
+		}
+	}
+	return handlers(log, KindNode, setNode, func(_, name string) {
+		if name == nodeName {
+			tracker.SetNode(nil)
+		}
+	})
+}
+
+// watchServiceCIDRs waits until the API server tells whether it serves
+// ServiceCIDRs, and when it does starts an informer on them feeding tracker.
+// synced reports whether that informer has synced (always true when there
+// is none); ok is false when ctx ended first or the handler was refused.
+func watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, tracker *Tracker, log *zap.Logger) (synced func() bool, ok bool) {
+	serves, err := waitServesServiceCIDRs(ctx, client, log)
+	if err != nil {
+		return nil, false // ctx ended
+	}
+	if !serves {
+		return func() bool { return true }, true
+	}
+	// Not label-filtered: a ServiceCIDR has nothing to do with proxies.
+	inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slim)).
+		Networking().V1().ServiceCIDRs().Informer()
+	reg, err := inf.AddEventHandler(handlers(log, KindServiceCIDR, tracker.SetServiceCIDR,
+		func(_, name string) { tracker.DeleteServiceCIDR(name) }))
+	if err != nil {
+		log.Error("Failed to add event handler", zap.String("kind", KindServiceCIDR), zap.Error(err))
+		return nil, false
+	}
+	go inf.RunWithContext(ctx)
+	return reg.HasSynced, true
 }
 
 // slim drops what the informers' caches would hold for nothing: managed
