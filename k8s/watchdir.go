@@ -400,12 +400,27 @@ func (w *dirWatcher) publish(changed map[string]*manifests) {
 // apply is one round of publish; it returns the files to read for the
 // objects they now own.
 func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests) map[string]*manifests {
-	before := map[string]string{} // touched key → its owner before ("" for none)
-	touch := func(key string) {
-		if _, ok := before[key]; !ok {
-			before[key] = w.owner[key]
-		}
+	before := ownersBefore{}
+	w.leave(changed, before)
+	w.arrive(e, changed, before)
+	w.keepGood(changed)
+	return w.resolve(e, changed, before)
+}
+
+// ownersBefore holds, for each key a round of apply touches, its owner
+// before the round ("" for none).
+type ownersBefore map[string]string
+
+// touch records owner as key's owner before, unless key was touched already.
+func (b ownersBefore) touch(key, owner string) {
+	if _, ok := b[key]; !ok {
+		b[key] = owner
 	}
+}
+
+// leave takes each changed file off the definers of the keys it no longer
+// yields.
+func (w *dirWatcher) leave(changed map[string]*manifests, before ownersBefore) {
 	for name, m := range changed {
 		st := w.files[name]
 		if st == nil {
@@ -413,18 +428,21 @@ func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests) map[string]
 		}
 		var now map[string]bool
 		if m != nil {
-			now = make(map[string]bool, len(m.keys))
-			for _, k := range m.keys {
-				now[k] = true
-			}
+			now = keySet(m.keys)
 		}
 		for _, key := range st.keys {
 			if !now[key] {
-				touch(key)
+				before.touch(key, w.owner[key])
 				w.setDefiners(key, slices.DeleteFunc(w.definers(key), func(f string) bool { return f == name }))
 			}
 		}
 	}
+}
+
+// arrive adds each changed file still there to the definers of the keys it
+// yields, keeps what it yields and sets the objects it owns; a file gone is
+// forgotten.
+func (w *dirWatcher) arrive(e *Editor, changed map[string]*manifests, before ownersBefore) {
 	for name, m := range changed {
 		if m == nil {
 			delete(w.files, name)
@@ -432,27 +450,37 @@ func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests) map[string]
 		}
 		st := w.files[name]
 		for _, key := range m.keys {
-			touch(key)
+			before.touch(key, w.owner[key])
 			d := w.definers(key)
 			if i, found := slices.BinarySearch(d, name); !found {
 				w.setDefiners(key, slices.Insert(d, i, name))
 			}
 		}
 		st.decoded, st.keys, st.nodes = true, m.keys, m.nodes
-		// Everything a changed file owns is set: the tracker compares what
-		// it derives with what it holds.
-		for _, o := range m.services {
-			if w.owner[objectKey(o)] == name {
-				e.SetService(o)
-			}
-		}
-		for _, o := range m.slices {
-			if w.owner[objectKey(o)] == name {
-				e.SetSlice(o)
-			}
+		w.setOwned(e, name, m)
+	}
+}
+
+// setOwned sets every object of m that the file name owns. All of them,
+// changed or not: the tracker compares what it derives with what it holds.
+func (w *dirWatcher) setOwned(e *Editor, name string, m *manifests) {
+	for _, o := range m.services {
+		if w.owner[objectKey(o)] == name {
+			e.SetService(o)
 		}
 	}
-	w.keepGood(changed)
+	for _, o := range m.slices {
+		if w.owner[objectKey(o)] == name {
+			e.SetSlice(o)
+		}
+	}
+}
+
+// resolve settles the keys a round touched: an object no file defines any
+// more leaves the tracker, one taken over by a file not read this round has
+// that file read again (returned, for the next round), and the definitions
+// left out as duplicates are logged and counted.
+func (w *dirWatcher) resolve(e *Editor, changed map[string]*manifests, before ownersBefore) map[string]*manifests {
 	var again map[string]*manifests
 	for key, was := range before {
 		owner, ok := w.owner[key]
@@ -474,15 +502,30 @@ func (w *dirWatcher) apply(e *Editor, changed map[string]*manifests) map[string]
 				again[owner] = w.reread(e, owner)
 			}
 		}
-		for _, f := range w.also[key] {
-			if err := duplicate(f, key, owner); !w.dups[err.Error()] {
-				w.dups[err.Error()] = true
-				w.log.Error("Leaving out an object defined twice", zap.String("file", f), zap.Error(err))
-				e.CountInvalid(KindManifestFile, "", f, err)
-			}
-		}
+		w.countDuplicates(e, key, owner)
 	}
 	return again
+}
+
+// countDuplicates logs and counts, once each, the definitions of key left
+// out because owner's counts.
+func (w *dirWatcher) countDuplicates(e *Editor, key, owner string) {
+	for _, f := range w.also[key] {
+		if err := duplicate(f, key, owner); !w.dups[err.Error()] {
+			w.dups[err.Error()] = true
+			w.log.Error("Leaving out an object defined twice", zap.String("file", f), zap.Error(err))
+			e.CountInvalid(KindManifestFile, "", f, err)
+		}
+	}
+}
+
+// keySet is the set of keys.
+func keySet(keys []string) map[string]bool {
+	set := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		set[k] = true
+	}
+	return set
 }
 
 // keepGood keeps the last good content of the files that define an object
