@@ -23,8 +23,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -41,6 +39,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // The scenarios below run nftproxy against a real kube-apiserver: objects
@@ -932,7 +931,7 @@ func testClusterMetricsAndHealth(t *testing.T, env *clusterEnv) {
 		case c.labels == nil && len(mf.GetMetric()) == 1:
 			series = mf.GetMetric()[0]
 		case c.labels != nil:
-			series = seriesWith(mf, c.labels...)
+			series = prom.Series(mf, c.labels...)
 		}
 		if series == nil {
 			t.Errorf("%s%v: not served: %v", c.name, c.labels, mf)
@@ -967,12 +966,7 @@ func (s *clusterScenario) metrics() (map[string]*dto.MetricFamily, error) {
 	if code != http.StatusOK {
 		return nil, fmt.Errorf("/metrics: %d %s", code, body)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("parse /metrics: %w", err)
-	}
-	return families, nil
+	return prom.Parse(body)
 }
 
 // testClusterNetworkProgrammingIgnoresResyncs checks that the periodic full

@@ -3,20 +3,15 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
-	"net/http"
 	"net/netip"
 	"slices"
 	"syscall"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // These scenarios show what the conntrack reconciler is for: without it, a
@@ -102,33 +97,11 @@ func (s *scenario) ctWatch(flows []ctFlow, d time.Duration, done func(last []str
 
 // ctMetrics reads the daemon's /metrics from inside the node namespace,
 // where it listens on loopback.
-func (s *scenario) ctMetrics() map[string]*dto.MetricFamily {
+func (s *scenario) ctMetrics() prom.Families {
 	s.t.Helper()
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return s.topo.Node.Dial(ctx, network, addr)
-		},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10249/metrics", nil)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
+	fams, err := prom.Scrape(s.ctx, s.topo.Node, "127.0.0.1:10249")
 	if err != nil {
 		s.t.Fatalf("get metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		s.t.Fatalf("get metrics: %s", resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		s.t.Fatalf("parse metrics: %v", err)
 	}
 	return fams
 }
@@ -154,7 +127,7 @@ func (s *scenario) ctStats() ctReconcilerStats {
 	for _, series := range del.Metric {
 		st.deleted += series.GetCounter().GetValue()
 	}
-	dur := seriesWith(fams["kubeproxy_conntrack_reconciler_sync_duration_seconds"], "ip_family", "IPv4")
+	dur := prom.Series(fams["kubeproxy_conntrack_reconciler_sync_duration_seconds"], "ip_family", "IPv4")
 	if dur == nil {
 		s.t.Fatalf("kubeproxy_conntrack_reconciler_sync_duration_seconds missing from /metrics")
 	}

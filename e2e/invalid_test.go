@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // TestInvalidDropsCounted: forwarded packets conntrack calls invalid (here
@@ -15,7 +16,7 @@ func TestInvalidDropsCounted(t *testing.T) {
 	s := newScenario(t, 1, nil)
 	invalid := func() float64 {
 		t.Helper()
-		series := seriesWith(s.ctMetrics()["nftproxy_ct_state_invalid_dropped_packets_total"], "ip_family", "IPv4")
+		series := prom.Series(s.ctMetrics()["nftproxy_ct_state_invalid_dropped_packets_total"], "ip_family", "IPv4")
 		if series == nil {
 			t.Fatal("nftproxy_ct_state_invalid_dropped_packets_total{ip_family=\"IPv4\"} not served")
 		}

@@ -1,20 +1,13 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
+	"github.com/nftproxy/nftproxy/e2e/prom"
 	"github.com/nftproxy/nftproxy/nftmodel"
 	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
@@ -55,28 +48,14 @@ func (s *scenario) waitKernel(what string, limit time.Duration, ok func(table st
 // syncs is the daemon's count of syncs, from its metrics.
 func (s *scenario) syncs() uint64 {
 	s.t.Helper()
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return s.topo.Node.Dial(ctx, network, addr)
-	}}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("http://127.0.0.1:10249/metrics")
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	families, err := prom.Scrape(s.ctx, s.topo.Node, "127.0.0.1:10249")
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	// By ip_family, as kube-proxy; each family counts every sync.
-	series := seriesWith(families["kubeproxy_sync_proxy_rules_duration_seconds"], "ip_family", "IPv4")
+	series := prom.Series(families["kubeproxy_sync_proxy_rules_duration_seconds"], "ip_family", "IPv4")
 	if series == nil {
-		s.t.Fatalf("no IPv4 kubeproxy_sync_proxy_rules_duration_seconds in:\n%s", body)
+		s.t.Fatal("no IPv4 kubeproxy_sync_proxy_rules_duration_seconds in the metrics")
 	}
 	return series.GetHistogram().GetSampleCount()
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -11,11 +10,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // testClusterMetricsAsKubeProxy runs the reference kube-proxy (nftables
@@ -44,8 +42,7 @@ func testClusterMetricsAsKubeProxy(t *testing.T, env *clusterEnv) {
 		if err != nil || code != http.StatusOK {
 			t.Fatalf("/metrics: %d %v", code, err)
 		}
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := p.TextToMetricFamilies(bytes.NewReader(body))
+		families, err := prom.Parse(body)
 		if err != nil {
 			t.Fatal(err)
 		}
