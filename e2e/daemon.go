@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,6 +78,13 @@ func StartWithEnv(ns *netns.NS, env []string, binary string, args ...string) (*D
 // nftproxy with a subcommand of its own), collecting its log like Start.
 func StartCommand(ns *netns.NS, binary string, args ...string) (*Daemon, error) {
 	return startCommand(ns, nil, binary, args...)
+}
+
+// StartCommandWithEnv is StartCommand with the program's environment env
+// (nil: the caller's): kube-proxy with an iptables backend first on its
+// PATH, say.
+func StartCommandWithEnv(ns *netns.NS, env []string, binary string, args ...string) (*Daemon, error) {
+	return startCommand(ns, env, binary, args...)
 }
 
 func startCommand(ns *netns.NS, env []string, binary string, args ...string) (*Daemon, error) {
@@ -163,6 +171,69 @@ func (d *Daemon) Stop() error {
 		return errors.New("stop nftproxy: not stopped 5s after SIGTERM (goroutine dump in its log)")
 	}
 	return nil
+}
+
+// Pid is the program's process id: `ip netns exec` execs it in place.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// Memory returns the program's resident memory (VmRSS) and its peak
+// (VmHWM), in MiB.
+func (d *Daemon) Memory() (rss, peak float64, err error) {
+	st, err := ProcStatus(d.Pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	return float64(st["VmRSS"]) / 1024, float64(st["VmHWM"]) / 1024, nil
+}
+
+// ProcStatus reads the kB fields of a process's /proc/PID/status (VmRSS,
+// VmHWM…).
+func ProcStatus(pid int) (map[string]int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, fmt.Errorf("read process status: %w", err)
+	}
+	out := map[string]int{}
+	for line := range strings.Lines(string(data)) {
+		k, v, ok := strings.Cut(line, ":")
+		if v, unit := strings.CutSuffix(strings.TrimSpace(v), " kB"); ok && unit {
+			if n, err := strconv.Atoi(v); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	if _, ok := out["VmRSS"]; !ok {
+		return nil, errors.New("read process status: no VmRSS")
+	}
+	return out, nil
+}
+
+// IptablesTools fills dir with iptables, iptables-save, iptables-restore
+// and their ip6tables twins linked to backend's ("nft" or "legacy"), and
+// nft: with dir first on its PATH, kube-proxy's iptables mode uses that
+// backend, as it picks the iptables its PATH finds.
+func IptablesTools(dir, backend string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("make iptables directory: %w", err)
+	}
+	link := func(name, tool string) error {
+		target, err := exec.LookPath(tool)
+		if err != nil {
+			return fmt.Errorf("find %s (apt-get install iptables nftables): %w", tool, err)
+		}
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("link %s: %w", name, err)
+		}
+		return nil
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			if err := link(fam+suffix, fam+"-"+backend+suffix); err != nil {
+				return err
+			}
+		}
+	}
+	return link("nft", "nft")
 }
 
 // Kill ends the process at once, as a crash would.

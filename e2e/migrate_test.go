@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,42 +22,9 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/kubeproxy"
 )
 
-// kubeProxy is the real kube-proxy running in a node namespace.
-type kubeProxy struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	mu   sync.Mutex
-	log  bytes.Buffer
-}
-
-func (k *kubeProxy) Write(p []byte) (int, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.log.Write(p)
-}
-
-func (k *kubeProxy) Log() string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.log.String()
-}
-
-// stop ends kube-proxy as a DaemonSet rollout would: SIGTERM, which leaves
-// its rules in place.
-func (k *kubeProxy) stop() {
-	select {
-	case <-k.done:
-		return
-	default:
-	}
-	_ = k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.done:
-	case <-time.After(10 * time.Second):
-		_ = k.cmd.Process.Kill()
-		<-k.done
-	}
-}
+// stopKubeProxy ends kube-proxy as a DaemonSet rollout would: SIGTERM,
+// which leaves its rules in place.
+func stopKubeProxy(k *Daemon) { k.Terminate(10 * time.Second) }
 
 // kubeProxyConfig runs kube-proxy in mode against the relay, touching no
 // global sysctl (conntrack limits and timeouts stay as they are).
@@ -92,7 +57,7 @@ nftables:
 // startKubeProxy runs kube-proxy in ns in mode ("nftables", "iptables-nft"
 // or "iptables-legacy": iptables mode on that backend, chosen as kube-proxy
 // chooses it, by the iptables first on its PATH).
-func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *kubeProxy {
+func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *Daemon {
 	t.Helper()
 	dir := t.TempDir()
 	kpMode := "nftables"
@@ -105,17 +70,12 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, kubeProxyConfig, kpMode, kubeconfig, clusterNode), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	k := &kubeProxy{done: make(chan struct{})}
-	k.cmd = exec.Command("ip", "netns", "exec", ns.Name(), bin, "--config", cfg, "--v", "2")
-	k.cmd.Env = env
-	k.cmd.Stdout, k.cmd.Stderr = k, k
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := k.cmd.Start(); err != nil {
+	k, err := StartCommandWithEnv(ns, env, bin, "--config", cfg, "--v", "2")
+	if err != nil {
 		t.Fatalf("start kube-proxy: %v", err)
 	}
-	go func() { _ = k.cmd.Wait(); close(k.done) }()
 	t.Cleanup(func() {
-		k.stop()
+		stopKubeProxy(k)
 		if t.Failed() {
 			t.Logf("kube-proxy (%s) log:\n%s", mode, k.Log())
 		}
@@ -129,35 +89,12 @@ func startKubeProxy(t *testing.T, ns *netns.NS, bin, mode, kubeconfig string) *k
 func iptablesTools(t *testing.T, backend string) string {
 	t.Helper()
 	links := t.TempDir()
-	link := func(name, tool string) {
-		target, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("skipping: %v", err)
-		}
-		if err := os.Symlink(target, filepath.Join(links, name)); err != nil {
-			t.Fatal(err)
-		}
+	if err := IptablesTools(links, backend); errors.Is(err, exec.ErrNotFound) {
+		t.Skipf("skipping: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
 	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			link(fam+suffix, fam+"-"+backend+suffix)
-		}
-	}
-	link("nft", "nft")
 	return links
-}
-
-// kubeProxyCleanup runs kube-proxy's own `kube-proxy --cleanup` in ns, as
-// from its image: with the iptables tools of backend. Its PATH has nothing
-// else, so that it skips its IPVS clean-up (which starts with `modprobe
-// ip_vs`, a change to the host).
-func kubeProxyCleanup(t *testing.T, ns *netns.NS, bin, backend string) {
-	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns.Name(), bin, "--cleanup", "--v", "2")
-	cmd.Env = []string{"PATH=" + iptablesTools(t, backend)}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("kube-proxy --cleanup: %v:\n%s", err, out)
-	}
 }
 
 // adminKubeconfig writes a copy of the admin kubeconfig that goes through
@@ -297,7 +234,7 @@ func (p *prober) finish() (ok, fail int, gap time.Duration) {
 // both backends until a ClusterIP and a NodePort answer, opens a long-lived
 // connection through the NodePort, stops kube-proxy and starts nftproxy
 // with --cleanup-kube-proxy (with no iptables tool on its PATH, as in its
-// image, but for the legacy backend): kube-proxy's rules are gone,
+// image, for all three modes): kube-proxy's rules are gone,
 // nftproxy's serve the same Services, the connection still carries data,
 // and new connections (probed every 20 ms) never fail for more than one
 // sync. Then the way back: kube-proxy started again, `nftproxy cleanup`,
@@ -311,21 +248,16 @@ func TestMigrateFromKubeProxy(t *testing.T) {
 		t.Skipf("skipping: kube-proxy not built (%v); build it with e2e/apiserver/build.sh or `make k8s-bins`", err)
 	}
 	env := newClusterEnv(t)
-	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy", "iptables-legacy-without-tools"} {
+	for i, mode := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
 		t.Run(mode, func(t *testing.T) { testMigrate(t, env, kp, mode, i) })
 	}
 }
 
-// testMigrate runs one migration; mode is kube-proxy's (see startKubeProxy),
-// and "iptables-legacy-without-tools" is iptables-legacy with nftproxy run
-// without the legacy tools, as from its image: kube-proxy's legacy chains
-// stay, nftproxy says so, and kube-proxy's own `kube-proxy --cleanup`, the
-// documented workaround, removes them after the switch.
+// testMigrate runs one migration; mode is kube-proxy's (see startKubeProxy).
 func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	s := &clusterScenario{t: t, env: env, ns: "migrate-" + strings.ReplaceAll(mode, "-", ""), ctx: ctx}
-	mode, noTools := strings.CutSuffix(mode, "-without-tools")
 	s.setUp("e2m", 2)
 
 	clusterIP := netip.AddrFrom4([4]byte{10, 96, 50, byte(10 + i)})
@@ -339,10 +271,8 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	// kube-proxy serves the service.
 	k := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr()))
 	took := s.eventually("kube-proxy serving the ClusterIP and NodePort", func() error {
-		select {
-		case <-k.done:
+		if k.Exited() {
 			return errors.New("kube-proxy exited")
-		default:
 		}
 		if err := s.answeredBy(vip, names); err != nil {
 			return err
@@ -365,9 +295,9 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	probe := startProber(ctx, s.topo.Client, vip)
 
 	// The switch.
-	k.stop()
+	stopKubeProxy(k)
 	saves := []string{"iptables-nft-save", "ip6tables-nft-save"}
-	if mode == "iptables-legacy" && !noTools {
+	if mode == "iptables-legacy" {
 		saves = append(saves, "iptables-legacy-save", "ip6tables-legacy-save")
 	}
 	others := map[string]string{}
@@ -378,26 +308,11 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	s.args = []string{"--kubeconfig", s.kubeconfig, "--hostname-override", clusterNode, "--cluster-cidr", "10.244.0.0/16",
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 		"--min-sync-period", "100ms", "--cleanup-kube-proxy", "-v", "2"}
-	if mode != "iptables-legacy" || noTools {
-		// As in nftproxy's image: no iptables tools. The nft backend's
-		// chains go over netlink.
-		s.daemonEnv = []string{"PATH=" + t.TempDir()}
-	}
+	// As in nftproxy's image: no iptables tools. The nft backend's chains
+	// go over netlink, the legacy backend's over a raw socket.
+	s.daemonEnv = []string{"PATH=" + t.TempDir()}
 	s.startDaemon()
 	t.Logf("nftproxy's first sync %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
-	if noTools {
-		if left := kubeProxyRules(t, s.topo.Node); !strings.Contains(left, "iptables-legacy-save :KUBE-SVC-") {
-			t.Errorf("without the legacy tools, kube-proxy's legacy chains went:\n%s", left)
-		}
-		if !strings.Contains(s.d.Log(), "legacy iptables chains may be left") || !strings.Contains(s.d.Log(), `"iptables-legacy nat"`) {
-			t.Errorf("no warning naming the legacy tables left:\n%s", s.d.Log())
-		}
-		if err := s.answeredBy(vip, names); err != nil {
-			t.Error(err)
-		}
-		kubeProxyCleanup(t, s.topo.Node, kpBinary, "legacy")
-		t.Logf("kube-proxy --cleanup removed the legacy chains %s after kube-proxy stopped", time.Since(start).Round(time.Millisecond))
-	}
 	if left := kubeProxyRules(t, s.topo.Node); left != "" {
 		t.Errorf("kube-proxy's rules left after nftproxy's first sync:\n%s", left)
 	}
@@ -427,11 +342,10 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 			t.Logf("nftproxy: %s", l)
 		}
 	}
-	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") ||
-		!noTools && strings.Contains(s.d.Log(), "legacy iptables chains may be left") {
+	if strings.Contains(s.d.Log(), "Removing kube-proxy's iptables chains failed") {
 		t.Errorf("iptables cleanup failed:\n%s", s.d.Log())
 	}
-	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok && !noTools &&
+	if backend, ok := strings.CutPrefix(mode, "iptables-"); ok &&
 		!strings.Contains(s.d.Log(), `"msg":"Removed kube-proxy's iptables chains","backend":"iptables-`+backend+`"`) {
 		t.Errorf("no log of kube-proxy's %s chains removed:\n%s", mode, s.d.Log())
 	}
@@ -442,10 +356,8 @@ func testMigrate(t *testing.T, env *clusterEnv, kpBinary, mode string, i int) {
 	}
 	k2 := startKubeProxy(t, s.topo.Node, kpBinary, mode, adminKubeconfig(t, env.srv.Kubeconfig, s.relay.Addr()))
 	s.eventually("kube-proxy's first sync", func() error {
-		select {
-		case <-k2.done:
+		if k2.Exited() {
 			return errors.New("kube-proxy exited")
-		default:
 		}
 		synced := false
 		for _, l := range strings.Split(k2.Log(), "\n") {
