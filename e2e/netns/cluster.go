@@ -112,6 +112,27 @@ func NewCluster(t testing.TB, opts ClusterOptions) *ClusterTopology {
 }
 
 func (c *ClusterTopology) build(opts ClusterOptions) error {
+	if err := c.createNamespaces(opts); err != nil {
+		return err
+	}
+	links, err := c.wireFabric()
+	if err != nil {
+		return err
+	}
+	if err := c.wireEdges(); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := n.build(); err != nil {
+			return err
+		}
+	}
+	return c.waitRunning(links)
+}
+
+// createNamespaces creates every namespace of the topology, each recorded
+// as soon as it exists so that Close removes it on error.
+func (c *ClusterTopology) createNamespaces(opts ClusterOptions) error {
 	var err error
 	if c.Fabric, err = createTuned(opts.Prefix + "f"); err != nil {
 		return err
@@ -123,11 +144,7 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 		return err
 	}
 	for i := 1; i <= opts.Nodes; i++ {
-		n := &ClusterNode{Name: fmt.Sprintf("node-%d", i), Index: i,
-			Addr:    netip.AddrFrom4([4]byte{172, 20, byte(i), 2}),
-			PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
-			Bridge:  netip.AddrFrom4([4]byte{10, 244, byte(i), 1}),
-		}
+		n := newClusterNode(i)
 		c.Nodes = append(c.Nodes, n)
 		if n.NS, err = createTuned(fmt.Sprintf("%sn%d", opts.Prefix, i)); err != nil {
 			return err
@@ -145,7 +162,21 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 				Addr: netip.AddrFrom4([4]byte{10, 244, byte(i), byte(10 + j)})})
 		}
 	}
+	return nil
+}
 
+// newClusterNode is node i's description, its namespace not created yet.
+func newClusterNode(i int) *ClusterNode {
+	return &ClusterNode{Name: fmt.Sprintf("node-%d", i), Index: i,
+		Addr:    netip.AddrFrom4([4]byte{172, 20, byte(i), 2}),
+		PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24),
+		Bridge:  netip.AddrFrom4([4]byte{10, 244, byte(i), 1}),
+	}
+}
+
+// wireFabric makes the fabric a router with a link to every other
+// namespace but the pods', and returns the names of its links.
+func (c *ClusterTopology) wireFabric() ([]string, error) {
 	// The fabric routes and answers; it sends no redirects (its links are
 	// point to point anyway) and has no default route.
 	if err := c.Fabric.Sysctls(map[string]string{
@@ -153,11 +184,24 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 		"net/ipv4/conf/all/send_redirects":     "0",
 		"net/ipv4/conf/default/send_redirects": "0",
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	// Links are created in the fabric with the peer placed straight into
-	// the other namespace: nothing ever appears in the host namespace.
-	fab := []string{
+	cmds, links := c.fabricCommands()
+	if err := c.Fabric.IPBatch(cmds...); err != nil {
+		return nil, err
+	}
+	if err := c.Fabric.fastNeighbours(links...); err != nil {
+		return nil, err
+	}
+	return links, nil
+}
+
+// fabricCommands are the ip commands that wire the fabric, and the names of
+// the links they make. Links are created in the fabric with the peer placed
+// straight into the other namespace: nothing ever appears in the host
+// namespace.
+func (c *ClusterTopology) fabricCommands() (cmds, links []string) {
+	cmds = []string{
 		fmt.Sprintf("addr add %s/32 dev lo", FabricAddr),
 		fmt.Sprintf("link add cli type veth peer name %s netns %s", PodIface, c.Client.Name()),
 		"link set cli up",
@@ -167,11 +211,11 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 		fmt.Sprintf("addr add %s/24 dev lb", LoadBalancerGW),
 		fmt.Sprintf("route add %s/32 via %s dev lb", LoadBalancerIP, LoadBalancerNSAddr),
 	}
-	links := []string{"cli", "lb"}
+	links = []string{"cli", "lb"}
 	for _, n := range c.Nodes {
 		link := fmt.Sprintf("n%d", n.Index)
 		links = append(links, link)
-		fab = append(fab,
+		cmds = append(cmds,
 			fmt.Sprintf("link add %s type veth peer name %s netns %s", link, NodeUplink, n.NS.Name()),
 			fmt.Sprintf("link set %s up", link),
 			fmt.Sprintf("addr add %s/24 dev %s", n.gateway(), link),
@@ -179,13 +223,12 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 			fmt.Sprintf("route add %s via %s dev %s", n.PodCIDR, n.Addr, link),
 		)
 	}
-	if err := c.Fabric.IPBatch(fab...); err != nil {
-		return err
-	}
-	if err := c.Fabric.fastNeighbours(links...); err != nil {
-		return err
-	}
+	return cmds, links
+}
 
+// wireEdges sets up the client's and the load balancer's ends of their
+// links to the fabric.
+func (c *ClusterTopology) wireEdges() error {
 	for _, ns := range []struct {
 		ns       *NS
 		addr, gw netip.Addr
@@ -207,12 +250,7 @@ func (c *ClusterTopology) build(opts ClusterOptions) error {
 			return err
 		}
 	}
-	for _, n := range c.Nodes {
-		if err := n.build(); err != nil {
-			return err
-		}
-	}
-	return c.waitRunning(links)
+	return nil
 }
 
 // gateway is the fabric's address on the node's link.
