@@ -1,12 +1,10 @@
 package kubeproxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 
@@ -16,24 +14,22 @@ import (
 	"github.com/nftproxy/nftproxy/nftmodel/nftnl"
 )
 
-// Backend is one family's legacy iptables, with the tools kube-proxy itself
-// uses to write it.
+// Backend is one family's legacy iptables.
 type Backend struct {
-	Name          string
-	Family        nftmodel.Family
-	Save, Restore string
+	Name   string
+	Family nftmodel.Family
 }
 
 // LegacyBackends are the legacy iptables kube-proxy may have written to. The
-// nft backend's tables are nftables tables, cleaned over netlink (no tools).
+// nft backend's tables are nftables tables, cleaned over netlink.
 var LegacyBackends = []Backend{
-	{"iptables-legacy", nftmodel.IPv4, "iptables-legacy-save", "iptables-legacy-restore"},
-	{"ip6tables-legacy", nftmodel.IPv6, "ip6tables-legacy-save", "ip6tables-legacy-restore"},
+	{"iptables-legacy", nftmodel.IPv4},
+	{"ip6tables-legacy", nftmodel.IPv6},
 }
 
 // loadedTables returns which of nat, filter and mangle the kernel has in
-// b's legacy iptables in this namespace, without running any iptables tool
-// (that would load its modules and make tables).
+// b's legacy iptables in this namespace, without touching the others
+// (asking for a table that is not loaded would load its module and make it).
 func (b Backend) loadedTables() ([]string, error) {
 	file := "/proc/thread-self/net/ip_tables_names"
 	if b.Family == nftmodel.IPv6 {
@@ -58,11 +54,11 @@ func (b Backend) loadedTables() ([]string, error) {
 
 // CleanupIPTables removes kube-proxy's iptables chains and the rules
 // jumping to them, and returns what it removed ("backend: table/chain"):
-// from the nft backend over netlink, in one batch; from the legacy backend
-// with its own tools, where its tables are loaded. When they are loaded but
-// the tools are missing (nftproxy's image has none), it logs one warning
-// naming the tables and the way to clean them, and goes on: no retry would
-// find the tools. An error in one backend does not stop the others.
+// from the nft backend over netlink, in one batch; from each loaded table
+// of the legacy backend with one replace of the table over a raw socket,
+// as iptables-legacy-restore does, so that no iptables tool is needed
+// (nftproxy's image has none). An error in one table does not stop the
+// others; ctx stops it between tables.
 func CleanupIPTables(ctx context.Context, conn *nftnl.Conn, log *zap.Logger) ([]string, error) {
 	var errs []error
 	removed, err := CleanupNFT(conn)
@@ -72,71 +68,31 @@ func CleanupIPTables(ctx context.Context, conn *nftnl.Conn, log *zap.Logger) ([]
 	if len(removed) > 0 {
 		log.Info("Removed kube-proxy's iptables chains", zap.String("backend", "iptables-nft"), zap.Int("chains", len(removed)))
 	}
-	var left, missing []string
 	for _, b := range LegacyBackends {
 		loaded, err := b.loadedTables()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("clean %s: %w", b.Name, err))
 			continue
 		}
-		if len(loaded) == 0 {
-			continue
-		}
-		if m := missingTools(b.Save, b.Restore); len(m) > 0 {
-			for _, t := range loaded {
-				left = append(left, b.Name+" "+t)
+		n := 0
+		for _, t := range loaded {
+			if err := ctx.Err(); err != nil {
+				return removed, errors.Join(append(errs, fmt.Errorf("clean %s: %w", b.Name, err))...)
 			}
-			missing = append(missing, m...)
-			continue
+			r, err := pruneLegacy(b.Family, t)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("clean %s: %w", b.Name, err))
+			}
+			for _, c := range r {
+				removed = append(removed, b.Name+": "+c)
+			}
+			n += len(r)
 		}
-		r, err := b.cleanup(ctx)
-		if err != nil {
-			errs = append(errs, err)
+		if n > 0 {
+			log.Info("Removed kube-proxy's iptables chains", zap.String("backend", b.Name), zap.Int("chains", n))
 		}
-		for _, c := range r {
-			removed = append(removed, b.Name+": "+c)
-		}
-		if len(r) > 0 {
-			log.Info("Removed kube-proxy's iptables chains", zap.String("backend", b.Name), zap.Int("chains", len(r)))
-		}
-	}
-	if len(left) > 0 {
-		log.Warn("Kube-proxy's legacy iptables chains may be left: these legacy tables are loaded, but the legacy tools "+
-			"are not installed (nftproxy's image has none); once nftproxy has synced, run `kube-proxy --cleanup` from "+
-			"kube-proxy's image, or `nftproxy cleanup --kube-proxy` where the tools are installed",
-			zap.Strings("tables", left), zap.Strings("missing", missing))
 	}
 	return removed, errors.Join(errs...)
-}
-
-func missingTools(tools ...string) []string {
-	var out []string
-	for _, t := range tools {
-		if _, err := exec.LookPath(t); err != nil {
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
-func (b Backend) cleanup(ctx context.Context) ([]string, error) {
-	var out, stderr bytes.Buffer
-	save := exec.CommandContext(ctx, b.Save)
-	save.Stdout, save.Stderr = &out, &stderr
-	if err := save.Run(); err != nil {
-		return nil, fmt.Errorf("clean %s: run %s: %w: %s", b.Name, b.Save, err, strings.TrimSpace(stderr.String()))
-	}
-	script, removed, err := Plan(out.String())
-	if err != nil || script == "" {
-		return nil, err
-	}
-	stderr.Reset()
-	restore := exec.CommandContext(ctx, b.Restore, "--noflush", "--wait")
-	restore.Stdin, restore.Stderr = strings.NewReader(script), &stderr
-	if err := restore.Run(); err != nil {
-		return nil, fmt.Errorf("clean %s: run %s: %w: %s\ninput:\n%s", b.Name, b.Restore, err, strings.TrimSpace(stderr.String()), script)
-	}
-	return removed, nil
 }
 
 // DeleteTables deletes kube-proxy's nftables tables, if they exist.

@@ -11,13 +11,11 @@
 // iptables chains right after that sync.
 //
 // What goes is decided by pure functions: PlanNFT over a listing of the
-// nft backend's chains, Plan over the legacy backend's iptables-save
-// output. The nft backend keeps its tables as nftables tables (ip and ip6
-// nat, filter, mangle), so its chains go over netlink, in one batch, with
-// no iptables tool: nftproxy's image has none. The listing and the batch
-// are nftnl's (Conn.Chains, Conn.Jumps, Conn.DeleteRulesAndChains); this
-// package only decides. The legacy backend's go with
-// its own tools (iptables-legacy-save, -restore) where they are installed;
-// where they are not and its tables are loaded, one warning says what may
-// be left and how to remove it.
+// nft backend's chains, pruneKubeProxy over a legacy table's x_tables
+// blob. The nft backend keeps its tables as nftables tables (ip and ip6
+// nat, filter, mangle), so its chains go over netlink, in one batch; the
+// listing and the batch are nftnl's (Conn.Chains, Conn.Jumps,
+// Conn.DeleteRulesAndChains). A legacy table is read and replaced whole
+// over a raw socket, as iptables-legacy-restore does (legacy_kernel.go).
+// Neither needs an iptables tool: nftproxy's image has none.
 package kubeproxy
