@@ -86,6 +86,9 @@ soak: build k8s-bins
 # An OCI archive of the image (Containerfile) in bin/nftproxy-image.tar, built
 # offline with Debian's buildah; its storage stays under bin/image.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The image's name in the archive (e2e/conformance gives the full name its
+# nodes' runtime is asked for).
+IMAGE_NAME ?= nftproxy
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILDAH := buildah --storage-driver vfs --root $(abspath $(BIN))/image/storage --runroot $(abspath $(BIN))/image/run
 image:
@@ -93,7 +96,7 @@ image:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN)/image/context/nftproxy ./cmd/nftproxy
 	$(BUILDAH) bud --isolation chroot --layers=false -f Containerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t localhost/nftproxy:$(VERSION) $(BIN)/image/context
 	rm -f $(BIN)/nftproxy-image.tar
-	$(BUILDAH) push localhost/nftproxy:$(VERSION) oci-archive:$(BIN)/nftproxy-image.tar:nftproxy:$(VERSION)
+	$(BUILDAH) push localhost/nftproxy:$(VERSION) oci-archive:$(BIN)/nftproxy-image.tar:$(IMAGE_NAME):$(VERSION)
 	$(BUILDAH) rmi localhost/nftproxy:$(VERSION) >/dev/null
 	@ls -l $(BIN)/nftproxy-image.tar
 

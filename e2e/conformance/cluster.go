@@ -41,6 +41,9 @@ type Proxy struct {
 	Name string
 	// Start runs it on node n of c.
 	Start func(c *Cluster, n *netns.ClusterNode) (*e2e.Daemon, error)
+	// Deploy, in place of Start, puts it on every node through the API
+	// server (a DaemonSet), once the nodes are Ready.
+	Deploy func(ctx context.Context, c *Cluster) error
 }
 
 // Options choose the cluster.
@@ -54,7 +57,9 @@ type Options struct {
 	// [Serial] must then be skipped.
 	Procs int
 	Proxy Proxy
-	Logf  func(format string, args ...any)
+	// ExtraImages are OCI archives every node imports beside Bins/images.
+	ExtraImages []string
+	Logf        func(format string, args ...any)
 }
 
 // Cluster is a running cluster of real nodes: an API server with its
@@ -122,20 +127,28 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return c, err
 	}
 	c.logf("nodes Ready; starting %s on every node", opts.Proxy.Name)
-	for _, n := range c.Topo.Nodes {
-		d, err := opts.Proxy.Start(c, n)
-		if err != nil {
-			return c, fmt.Errorf("start %s on %s: %w", opts.Proxy.Name, n.Name, err)
-		}
-		c.proxies = append(c.proxies, d)
-	}
-	if err := c.waitProxiesHealthy(ctx); err != nil {
+	if err := c.startProxies(ctx); err != nil {
 		return c, err
 	}
 	if err := c.deployDNS(ctx); err != nil {
 		return c, err
 	}
 	return c, nil
+}
+
+// startProxies runs the proxy on every node and waits for it to be healthy.
+func (c *Cluster) startProxies(ctx context.Context) error {
+	if c.opts.Proxy.Deploy != nil {
+		return c.opts.Proxy.Deploy(ctx, c)
+	}
+	for _, n := range c.Topo.Nodes {
+		d, err := c.opts.Proxy.Start(c, n)
+		if err != nil {
+			return fmt.Errorf("start %s on %s: %w", c.opts.Proxy.Name, n.Name, err)
+		}
+		c.proxies = append(c.proxies, d)
+	}
+	return c.waitProxiesHealthy(ctx)
 }
 
 // waitProxiesHealthy waits for every node's proxy to answer /healthz with
@@ -254,14 +267,47 @@ func (c *Cluster) startNode(ctx context.Context, n *netns.ClusterNode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	d, err := e2e.StartCommand(n.NS, "bash", filepath.Join(sourceDir(), "node.sh"), dir, n.Name, n.Addr.String(),
-		n.PodCIDR.String(), c.FabricKubeconfig, c.cgroupRoot+"/"+n.Name, filepath.Join(c.opts.Bins, "images"),
+	images, err := c.imagesDir()
+	if err != nil {
+		return err
+	}
+	// A UTS namespace of its own, so that the node has its name as its
+	// hostname: hostNetwork pods answer with it, and the suite expects the
+	// node's name.
+	d, err := e2e.StartCommand(n.NS, "unshare", "--uts", "bash", filepath.Join(sourceDir(), "node.sh"), dir, n.Name, n.Addr.String(),
+		n.PodCIDR.String(), c.FabricKubeconfig, c.cgroupRoot+"/"+n.Name, images,
 		filepath.Join(c.opts.Bins, "kubelet"))
 	if err != nil {
 		return err
 	}
 	c.nodes = append(c.nodes, d)
 	return nil
+}
+
+// imagesDir is the directory of archives the nodes import: Bins/images,
+// or links to its archives and to Options.ExtraImages.
+func (c *Cluster) imagesDir() (string, error) {
+	bins := filepath.Join(c.opts.Bins, "images")
+	if len(c.opts.ExtraImages) == 0 {
+		return bins, nil
+	}
+	dir := filepath.Join(c.Dir, "images")
+	if _, err := os.Stat(dir); err == nil {
+		return dir, nil
+	}
+	tars, err := filepath.Glob(filepath.Join(bins, "*.tar"))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, t := range append(tars, c.opts.ExtraImages...) {
+		if err := os.Symlink(t, filepath.Join(dir, filepath.Base(t))); err != nil {
+			return "", fmt.Errorf("link image archive: %w", err)
+		}
+	}
+	return dir, nil
 }
 
 // waitNodesReady waits for every kubelet to report its node Ready.

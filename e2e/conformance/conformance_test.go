@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,6 +80,14 @@ func TestNodeSmoke(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	}()
+	checkEchoService(ctx, t, c)
+}
+
+// checkEchoService serves agnhost behind a ClusterIP Service on two pods and
+// has a third pod reach it by name: pod to Service, through CoreDNS, over the
+// proxy's rules.
+func checkEchoService(ctx context.Context, t *testing.T, c *Cluster) {
+	t.Helper()
 	kubectl := func(args ...string) string {
 		t.Helper()
 		out, err := c.Kubectl(ctx, args...)
@@ -94,7 +103,7 @@ func TestNodeSmoke(t *testing.T) {
 	kubectl("run", "client", "--image=registry.k8s.io/e2e-test-images/agnhost:2.63.0", "--image-pull-policy=Never", "--command", "--", "sleep", "3600")
 	kubectl("wait", "pod/client", "--for=condition=Ready", "--timeout=2m")
 	var out string
-	err = retry(ctx, time.Minute, func() error {
+	err := retry(ctx, time.Minute, func() error {
 		var err error
 		out, err = c.Kubectl(ctx, "exec", "client", "--", "curl", "-sS", "--max-time", "3", "http://echo.default.svc.cluster.local/hostname")
 		return err
@@ -185,4 +194,67 @@ func containerdVersion() string {
 		return f[2]
 	}
 	return strings.TrimSpace(out)
+}
+
+// TestDaemonSet runs the image of `make image` as the shipped DaemonSet,
+// from `kubectl apply -k` on deploy/, under containerd on every node: the
+// pods run, /proc/sys is read-only in the daemon's container, its rules are
+// in the node's namespace, and a pod reaches a Service through them.
+func TestDaemonSet(t *testing.T) {
+	b := bins(t)
+	image, err := BuildImage(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	c, err := Start(ctx, Options{Bins: b, Proxy: DaemonSet(), ExtraImages: []string{image}, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			out, _ := c.Kubectl(context.Background(), "-n", "kube-system", "logs", "daemonset/nftproxy", "--all-containers", "--prefix", "--tail=40")
+			t.Logf("nftproxy pods' logs:\n%s", out)
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	out, err := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=nftproxy",
+		"-o", `jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == "Running" {
+			running[f[0]] = true
+		}
+	}
+	for _, n := range c.Topo.Nodes {
+		if !running[n.Name] {
+			t.Fatalf("no Running nftproxy pod on %s:\n%s", n.Name, out)
+		}
+		pid, err := ContainerProcess(n, "/nftproxy", "run", "--config=/etc/nftproxy/config.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts, err := MountOptions(pid, "/proc/sys")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(strings.Split(opts, ","), "ro") {
+			t.Errorf("%s: the daemon's /proc/sys is mounted %s, want read-only (the runtime's default)", n.Name, opts)
+		}
+		tables, err := n.NS.Exec("nft", "list", "tables")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(tables, "table ip nftproxy") {
+			t.Errorf("%s: no nftproxy table in the node's namespace:\n%s", n.Name, tables)
+		}
+		t.Logf("%s: nftproxy pid %d, /proc/sys %s", n.Name, pid, opts)
+	}
+	checkEchoService(ctx, t, c)
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One node of the conformance cluster: containerd and kubelet, run inside the
-# node's network namespace (ip netns exec NODE_NS node.sh ...) and in a mount
-# namespace of their own, so that pod veths, the CNI bridge, pod network
-# namespaces, container mounts and the runtimes' state all live and die with
-# the node. Nothing is written outside DIR: /run, /var/lib and /var/log are
+# node's network namespace (ip netns exec NODE_NS unshare --uts node.sh ...),
+# with the node's name as hostname, and in a mount namespace of their own, so
+# that pod veths, the CNI bridge, pod network namespaces, container mounts and
+# the runtimes' state all live and die with the node. Nothing is written outside DIR: /run, /var/lib and /var/log are
 # fresh tmpfs mounts in the node's mount namespace only.
 #
 #   node.sh DIR NAME NODE_IP POD_CIDR KUBECONFIG CGROUP_ROOT IMAGES_DIR KUBELET
@@ -32,6 +32,8 @@ while read -r _ point type opts _; do
 	esac
 done </proc/1/mounts
 mkdir -p /run/netns /run/containerd /var/lib/cni /var/log/containers
+# The caller gave this process a UTS namespace of its own (unshare --uts).
+hostname "$name"
 
 mkdir -p "$dir/containerd" "$dir/cni" "$dir/kubelet"
 gateway="${pod_cidr%.*/*}.1"
