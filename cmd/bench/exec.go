@@ -62,12 +62,6 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// lastLines is the last n lines of s, joined like firstLines'.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], " | ")
-}
-
 // freshNS runs fn in a new namespace and removes the namespace afterwards.
 func freshNS(fn func(ns *netns.NS) error) error {
 	ns, err := netns.Create(nsPrefix)

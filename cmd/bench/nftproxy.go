@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -79,7 +80,7 @@ func childSync(n int, nsPath string, memstats bool) error {
 	total := time.Since(start)
 	rep.CompileMS, rep.ApplyMS, rep.Elements = ms(total-k.took), ms(k.took), k.stats.Elements
 	runtime.KeepAlive(snap)
-	st, err := procStatus(os.Getpid())
+	st, err := e2e.ProcStatus(os.Getpid())
 	if err != nil {
 		return err
 	}

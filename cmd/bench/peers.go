@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // The peers phase: nftproxy against the real kube-proxy, each run alone in
@@ -41,7 +40,8 @@ const (
 type peerEnv struct {
 	o        *options
 	bin      peerBinaries
-	tmp      string // kubeconfigs, logs, iptables link directories
+	env      map[string][]string // of a proxy; nil: the bench's
+	tmp      string              // kubeconfigs, iptables link directories
 	cluster  *cluster
 	w        *workload
 	run      *PeerRun
@@ -65,13 +65,12 @@ func peersPhase(res *Results, o *options) error {
 		return fmt.Errorf("make scratch directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := iptablesLinks(filepath.Join(tmp, "links", "nft"), bin.nftMulti); err != nil {
-		return err
+	env := &peerEnv{o: o, bin: bin, tmp: tmp, run: run, env: map[string][]string{}}
+	for proxy, backend := range map[string]string{proxyKubeIptNft: "nft", proxyKubeLegacy: "legacy"} {
+		if env.env[proxy], err = iptablesEnv(filepath.Join(tmp, "links"), backend); err != nil {
+			return err
+		}
 	}
-	if err := iptablesLinks(filepath.Join(tmp, "links", "legacy"), bin.legacy); err != nil {
-		return err
-	}
-	env := &peerEnv{o: o, bin: bin, tmp: tmp, run: run}
 	for _, name := range o.workloads {
 		spec, _ := findWorkload(name)
 		if err := env.workload(spec, func() {
@@ -85,6 +84,9 @@ func peersPhase(res *Results, o *options) error {
 	return nil
 }
 
+// peerBinaries are the proxies the peers phase runs.
+type peerBinaries struct{ kubeProxy, nftproxy string }
+
 func findPeerBinaries(nftproxy string, kubeProxy bool) (peerBinaries, error) {
 	b := peerBinaries{kubeProxy: filepath.Join(apiserver.DefaultBinDir(), "kube-proxy"), nftproxy: nftproxy}
 	if _, err := os.Stat(b.kubeProxy); err != nil && kubeProxy {
@@ -92,13 +94,6 @@ func findPeerBinaries(nftproxy string, kubeProxy bool) (peerBinaries, error) {
 	}
 	if _, err := os.Stat(nftproxy); err != nil {
 		return b, fmt.Errorf("find nftproxy (make build): %w", err)
-	}
-	var err error
-	if b.nftMulti, err = exec.LookPath("xtables-nft-multi"); err != nil {
-		return b, fmt.Errorf("find iptables' nft backend (apt-get install iptables): %w", err)
-	}
-	if b.legacy, err = exec.LookPath("xtables-legacy-multi"); err != nil {
-		return b, fmt.Errorf("find iptables' legacy backend (apt-get install iptables): %w", err)
 	}
 	return b, nil
 }
@@ -260,27 +255,18 @@ func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) (err er
 		return err
 	}
 	defer func() { err = errors.Join(err, ns.Close()) }()
-	u, err := url.Parse(e.cluster.srv.URL)
-	if err != nil {
-		return fmt.Errorf("parse API server address: %w", err)
-	}
-	r, err := netns.StartRelay(ns, "127.0.0.1:0", u.Host)
+	kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
+	r, err := e.cluster.relay(ns, kubeconfig)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
-	if err := apiserver.RelayedKubeconfig(e.cluster.srv.Kubeconfig, r.Addr(), "", kubeconfig); err != nil {
-		return err
-	}
-	args, pathDir := proxyCommand(proxy, e.bin, kubeconfig, filepath.Join(e.tmp, "links"))
-	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s-%s.log", e.w.spec.name, proxy))
-	p, err := startProxy(proxyTitle[proxy], ns, args, pathDir, logPath)
+	p, err := startProxy(proxyTitle[proxy], ns, e.env[proxy], proxyCommand(proxy, e.bin, kubeconfig)...)
 	if err != nil {
 		return err
 	}
 	killed := false
-	defer func() { p.stop(killed) }()
+	defer func() { p.stop(killed, 5*time.Second) }()
 	m := &stepper{env: e, p: p, ns: ns, proxy: proxy, limit: e.o.stepLimit}
 	err = m.steps(ctx, k)
 	var step *errStep
@@ -293,7 +279,7 @@ func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) (err er
 // stepper runs the three steps of one proxy.
 type stepper struct {
 	env   *peerEnv
-	p     *proxyProcess
+	p     *proxy
 	ns    *netns.NS
 	proxy string
 	limit time.Duration
@@ -308,24 +294,24 @@ func (s *stepper) steps(ctx context.Context, k int) error {
 	began := time.Now()
 	// Full sync: the first sample of the histogram, with any that ended in
 	// the same scrape interval.
-	first, at, err := s.waitSync(ctx, histogram{}, peerFullSync, began)
+	first, at, err := s.waitSync(ctx, prom.Histogram{}, peerFullSync, began)
 	if err != nil {
 		return err
 	}
 	s.record(peerStart, ms(at.Sub(began)), 0)
-	s.record(peerFullSync, first.sum*1000, first.count)
+	s.record(peerFullSync, first.Sum*1000, first.Count)
 	if s.proxy == proxyNftproxy {
 		// The same scrape's whole syncs: the IPv4 series leaves out the
 		// IPv6 table, which kube-proxy syncs in a proxier of its own.
-		if whole, err := parseHistogram(s.p.page, wholeSyncMetric); err == nil && whole.count > 0 {
-			s.record(peerFullWhole, whole.sum*1000, whole.count)
+		if whole := s.p.fams.Histogram(wholeSyncMetric); whole.Count > 0 {
+			s.record(peerFullWhole, whole.Sum*1000, whole.Count)
 		}
 	}
 	base, err := s.settle(ctx, first, peerFullSync, time.Now())
 	if err != nil {
 		return err
 	}
-	rss, _, err := s.p.memory()
+	rss, _, err := s.p.Memory()
 	if err != nil {
 		return err
 	}
@@ -359,7 +345,7 @@ func (s *stepper) steps(ctx context.Context, k int) error {
 	if _, err = s.change(ctx, watch, base, t0, peerService, peerServiceWall); err != nil {
 		return err
 	}
-	_, peak, err := s.p.memory()
+	_, peak, err := s.p.Memory()
 	if err != nil {
 		return err
 	}
@@ -378,7 +364,7 @@ func (s *stepper) watch(c kernelChange) (kernelWatch, error) {
 // change times one step: the wall time from t0 (just before the API write)
 // to the change in the kernel, and the syncs the histogram gained until it
 // settled.
-func (s *stepper) change(ctx context.Context, watch kernelWatch, base histogram, t0 time.Time, syncMetric, wallMetric string) (histogram, error) {
+func (s *stepper) change(ctx context.Context, watch kernelWatch, base prom.Histogram, t0 time.Time, syncMetric, wallMetric string) (prom.Histogram, error) {
 	wctx, cancel := context.WithDeadline(ctx, t0.Add(s.limit))
 	at, err := watch.seen(wctx)
 	cancel()
@@ -394,14 +380,14 @@ func (s *stepper) change(ctx context.Context, watch kernelWatch, base histogram,
 	if err != nil {
 		return base, err
 	}
-	d := after.sub(base)
-	s.record(syncMetric, d.sum*1000, d.count)
+	d := after.Sub(base)
+	s.record(syncMetric, d.Sum*1000, d.Count)
 	return after, nil
 }
 
 // settleAfter waits for at least one sync after base, then for the
 // histogram to settle.
-func (s *stepper) settleAfter(ctx context.Context, base histogram, metric string) (histogram, error) {
+func (s *stepper) settleAfter(ctx context.Context, base prom.Histogram, metric string) (prom.Histogram, error) {
 	began := time.Now()
 	h, _, err := s.waitSync(ctx, base, metric, began)
 	if err != nil {
@@ -412,24 +398,24 @@ func (s *stepper) settleAfter(ctx context.Context, base histogram, metric string
 
 // waitSync scrapes until the histogram counts more than base, and returns
 // it and when it was seen.
-func (s *stepper) waitSync(ctx context.Context, base histogram, metric string, began time.Time) (histogram, time.Time, error) {
+func (s *stepper) waitSync(ctx context.Context, base prom.Histogram, metric string, began time.Time) (prom.Histogram, time.Time, error) {
 	for {
 		h, ok, err := s.scrape(ctx, metric)
 		if err != nil {
-			return histogram{}, time.Time{}, err
+			return prom.Histogram{}, time.Time{}, err
 		}
-		if ok && h.count > base.count {
+		if ok && h.Count > base.Count {
 			return h, time.Now(), nil
 		}
 		if err := s.pause(ctx, metric, began); err != nil {
-			return histogram{}, time.Time{}, err
+			return prom.Histogram{}, time.Time{}, err
 		}
 	}
 }
 
 // settle scrapes until the histogram has not changed for the settle time,
 // and returns it.
-func (s *stepper) settle(ctx context.Context, last histogram, metric string, began time.Time) (histogram, error) {
+func (s *stepper) settle(ctx context.Context, last prom.Histogram, metric string, began time.Time) (prom.Histogram, error) {
 	since := time.Now()
 	for time.Since(since) < settle {
 		if err := s.pause(ctx, metric, began); err != nil {
@@ -439,7 +425,7 @@ func (s *stepper) settle(ctx context.Context, last histogram, metric string, beg
 		if err != nil {
 			return last, err
 		}
-		if ok && h.count != last.count {
+		if ok && h.Count != last.Count {
 			last, since = h, time.Now()
 		}
 	}
@@ -448,11 +434,11 @@ func (s *stepper) settle(ctx context.Context, last histogram, metric string, beg
 
 // scrape reads the histogram; ok is false when /metrics did not answer (a
 // proxy that has not opened its port yet, or too busy to answer in time).
-func (s *stepper) scrape(ctx context.Context, metric string) (h histogram, ok bool, err error) {
-	if s.p.exited() {
-		return h, false, &errStep{metric: metric, reason: "the proxy exited: " + firstLines(s.p.logTail(5), 5)}
+func (s *stepper) scrape(ctx context.Context, metric string) (h prom.Histogram, ok bool, err error) {
+	if s.p.Exited() {
+		return h, false, &errStep{metric: metric, reason: "the proxy exited: " + firstLines(s.p.LogTail(5), 5)}
 	}
-	h, err = s.p.scrape(ctx)
+	h, err = s.p.histogram(ctx, syncMetric)
 	return h, err == nil, nil
 }
 

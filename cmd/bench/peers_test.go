@@ -136,65 +136,6 @@ func TestSlices(t *testing.T) {
 	}
 }
 
-const kubeProxyMetrics = `# HELP kubeproxy_sync_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds
-# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 0
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 2
-kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 18.25
-kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 3
-kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.03
-kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 3
-kubeproxy_sync_full_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 99
-kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1
-`
-
-const nftproxyMetrics = `# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
-kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.0005"} 0
-kubeproxy_sync_proxy_rules_duration_seconds_sum 0.1745
-kubeproxy_sync_proxy_rules_duration_seconds_count 1 1700000000000
-`
-
-func TestParseHistogram(t *testing.T) {
-	tests := []struct {
-		name, page string
-		want       histogram
-	}{
-		{"kube-proxy, IPv4 series only", kubeProxyMetrics, histogram{sum: 18.25, count: 2}},
-		{"nftproxy, no labels, a timestamp", nftproxyMetrics, histogram{sum: 0.1745, count: 1}},
-		{"nftproxy, each sync under both families", "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 0.5\n" +
-			"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2\n" +
-			"kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv6\"} 0.5\n" +
-			"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 2\n", histogram{sum: 0.5, count: 2}},
-		{"before the first sync", "# TYPE go_goroutines gauge\ngo_goroutines 12\n", histogram{}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseHistogram(tt.page, syncMetric)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tt.want {
-				t.Errorf("got %+v, want %+v", got, tt.want)
-			}
-		})
-	}
-	if _, err := parseHistogram(syncMetric+"_sum x\n", syncMetric); err == nil {
-		t.Error("a bad value parsed")
-	}
-	if d := (histogram{sum: 3, count: 5}).sub(histogram{sum: 1, count: 2}); d != (histogram{sum: 2, count: 3}) {
-		t.Errorf("sub: %+v", d)
-	}
-}
-
-func TestParseProcStatus(t *testing.T) {
-	got := parseProcStatus("Name:\tkube-proxy\nVmHWM:\t  371712 kB\nVmRSS:\t  370688 kB\nThreads:\t12\n")
-	want := map[string]int{"VmHWM": 371712, "VmRSS": 370688}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Error(diff)
-	}
-}
-
 // peerFixture is a run with every kind of cell: figures, a step over the
 // limit and the steps it left out, and a failure.
 func peerFixture() *PeerRun {

@@ -1,76 +1,132 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
-// Where each proxy serves /metrics inside its namespace.
+// Where every proxy serves /metrics and /healthz inside its namespace.
 const (
-	peerMetricsAddr = "127.0.0.1:10249"
-	peerHealthzAddr = "127.0.0.1:10256"
+	metricsAddr = "127.0.0.1:10249"
+	healthzAddr = "127.0.0.1:10256"
 )
 
 // peerSyncPeriod keeps periodic resyncs out of the measured window: every
 // proxy gets it.
 const peerSyncPeriod = "1h"
 
-// proxyProcess is one proxy running in its namespace.
-type proxyProcess struct {
-	name string
-	ns   *netns.NS
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
-	http *http.Client
-	// page is the /metrics page scrape read last.
-	page string
+// The histograms the phases read: each sync under kube-proxy's name (by
+// ip_family), nftproxy's whole syncs (both families' tables: each family's
+// syncMetric series counts its own table's share), and the time from a
+// change seen to it being in the kernel.
+const (
+	syncMetric      = "kubeproxy_sync_proxy_rules_duration_seconds"
+	wholeSyncMetric = "nftproxy_sync_duration_seconds"
+	progMetric      = "kubeproxy_network_programming_duration_seconds"
+)
+
+// proxy is one proxy running in its namespace, as the daemon, peers and soak
+// phases start it: its process and log (e2e.Daemon) and its metrics.
+type proxy struct {
+	*e2e.Daemon
+	name    string
+	metrics *prom.Client
+	// fams is the page scrape read last.
+	fams prom.Families
 }
 
-// peerBinaries are the programs the peers phase runs.
-type peerBinaries struct {
-	kubeProxy string
-	nftproxy  string
-	nftMulti  string // xtables-nft-multi
-	legacy    string // xtables-legacy-multi
-}
-
-// iptablesLinks makes a directory whose iptables, iptables-save,
-// iptables-restore (and ip6tables…) are multi, so that putting it first on
-// kube-proxy's PATH picks that backend: kube-proxy runs whatever `iptables`
-// its PATH finds, and the xtables multi-binaries act by the name they are
-// called by.
-func iptablesLinks(dir, multi string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("make iptables link directory: %w", err)
+// startProxy runs args in ns with env (nil: the bench's own).
+func startProxy(name string, ns *netns.NS, env []string, args ...string) (*proxy, error) {
+	d, err := e2e.StartCommandWithEnv(ns, env, args[0], args[1:]...)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	for _, name := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
-		if err := os.Symlink(multi, filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("link %s: %w", name, err)
+	return &proxy{Daemon: d, name: name, metrics: prom.NewClient(ns, metricsAddr, 10*time.Second)}, nil
+}
+
+// stop sends SIGTERM and kills the proxy if it is still there after grace
+// (at once when kill is set: a proxy stopped at the time limit may be in a
+// long sync).
+func (p *proxy) stop(kill bool, grace time.Duration) {
+	if kill {
+		p.Kill()
+		return
+	}
+	p.Terminate(grace)
+}
+
+// scrape reads the proxy's /metrics and keeps it in fams.
+func (p *proxy) scrape(ctx context.Context) (prom.Families, error) {
+	fams, _, err := p.metrics.Scrape(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", p.name, err)
+	}
+	p.fams = fams
+	return fams, nil
+}
+
+// histogram scrapes one histogram.
+func (p *proxy) histogram(ctx context.Context, name string) (prom.Histogram, error) {
+	fams, err := p.scrape(ctx)
+	return fams.Histogram(name), err
+}
+
+// gauge returns a gauge of the last scrape.
+func (p *proxy) gauge(name string) (float64, error) {
+	v, ok := p.fams.Gauge(name)
+	if !ok {
+		return 0, fmt.Errorf("read %s metrics: no %s", p.name, name)
+	}
+	return v, nil
+}
+
+// liveHeap asks the proxy for a collection and returns its heap right after,
+// in MiB. The heap profile that comes with the collection is saved to
+// profile unless that is empty (`go tool pprof -base START END` shows what
+// grew).
+func (p *proxy) liveHeap(ctx context.Context, profile string) (float64, error) {
+	prof, err := p.metrics.Get(ctx, "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return 0, fmt.Errorf("read heap profile: %w", err)
+	}
+	if profile != "" {
+		if err := os.WriteFile(profile, prof, 0o644); err != nil {
+			return 0, fmt.Errorf("write heap profile: %w", err)
 		}
 	}
-	return nil
+	if _, err := p.scrape(ctx); err != nil {
+		return 0, err
+	}
+	v, err := p.gauge("go_memstats_heap_alloc_bytes")
+	return v / (1 << 20), err
 }
 
-// proxyCommand returns the command line and PATH prefix of a proxy;
-// kubeconfig reaches the API server through the namespace's relay.
-func proxyCommand(proxy string, bin peerBinaries, kubeconfig, linkDir string) (args []string, pathDir string) {
+// iptablesEnv is the environment of kube-proxy's iptables mode on backend
+// ("nft" or "legacy"): its tools first on the PATH, from links under dir.
+func iptablesEnv(dir, backend string) ([]string, error) {
+	links := filepath.Join(dir, backend)
+	if err := e2e.IptablesTools(links, backend); err != nil {
+		return nil, err
+	}
+	return append(os.Environ(), "PATH="+links+string(os.PathListSeparator)+os.Getenv("PATH")), nil
+}
+
+// proxyCommand returns the command line of a proxy; kubeconfig reaches the
+// API server through the namespace's relay.
+func proxyCommand(proxy string, bin peerBinaries, kubeconfig string) []string {
 	kube := func(mode string) []string {
 		return []string{bin.kubeProxy, "--kubeconfig=" + kubeconfig, "--hostname-override=" + benchNode,
 			"--proxy-mode=" + mode, "--cluster-cidr=" + peersClusterCIDR.String(),
-			"--metrics-bind-address=" + peerMetricsAddr, "--healthz-bind-address=" + peerHealthzAddr,
+			"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthzAddr,
 			"--iptables-sync-period=" + peerSyncPeriod,
 			// Conntrack sysctls are global or absent in a namespace: leave them.
 			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
@@ -78,13 +134,11 @@ func proxyCommand(proxy string, bin peerBinaries, kubeconfig, linkDir string) (a
 	}
 	switch proxy {
 	case proxyKubeNft:
-		return kube("nftables"), ""
-	case proxyKubeIptNft:
-		return kube("iptables"), filepath.Join(linkDir, "nft")
-	case proxyKubeLegacy:
-		return kube("iptables"), filepath.Join(linkDir, "legacy")
+		return kube("nftables")
+	case proxyKubeIptNft, proxyKubeLegacy:
+		return kube("iptables")
 	default:
-		return append(nftproxyCommand(bin.nftproxy, "--kubeconfig", kubeconfig), "--sync-period", peerSyncPeriod), ""
+		return append(nftproxyCommand(bin.nftproxy, "--kubeconfig", kubeconfig), "--sync-period", peerSyncPeriod)
 	}
 }
 
@@ -93,124 +147,47 @@ func proxyCommand(proxy string, bin peerBinaries, kubeconfig, linkDir string) (a
 func nftproxyCommand(binary string, source ...string) []string {
 	return append(append([]string{binary, "run"}, source...), "--hostname-override", benchNode,
 		"--cluster-cidr", peersClusterCIDR.String(),
-		"--metrics-bind-address", peerMetricsAddr, "--healthz-bind-address", peerHealthzAddr)
+		"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr)
 }
 
-// startProxy runs args in ns through `ip netns exec`, which execs the
-// proxy in place, so the pid is the proxy's. Its log goes to logPath.
-func startProxy(name string, ns *netns.NS, args []string, pathDir, logPath string) (*proxyProcess, error) {
-	log, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("create %s log: %w", name, err)
-	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name()}, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if pathDir != "" {
-		cmd.Env = append(os.Environ(), "PATH="+pathDir+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proxyProcess{name: name, ns: ns, cmd: cmd, log: log, done: make(chan struct{})}
-	p.http = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return ns.Dial(ctx, network, addr) },
-	}}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
+// loggedLine is one line of nftproxy's JSON log: when, and the took it
+// logged, in milliseconds (zap logs durations in seconds).
+type loggedLine struct {
+	at     time.Time
+	tookMS float64
 }
 
-// exited reports whether the proxy has ended.
-func (p *proxyProcess) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+// zapISO8601 is the layout of the daemon's log timestamps
+// (zapcore.ISO8601TimeEncoder).
+const zapISO8601 = "2006-01-02T15:04:05.000Z0700"
 
-// stop sends SIGTERM and kills the proxy if it is still there after five
-// seconds (or at once when kill is set: a proxy stopped at the time limit
-// may be in a long sync).
-func (p *proxyProcess) stop(kill bool) {
-	defer p.log.Close()
-	if p.exited() {
-		return
-	}
-	if kill {
-		_ = p.cmd.Process.Kill()
-	} else {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+// The daemon's log messages the phases count.
+const (
+	syncedLine        = `"msg":"Synced"`
+	resyncSkippedLine = `"msg":"Resync skipped`
+	releasedLine      = `"msg":"Released memory`
+)
 
-// scrape reads the proxy's sync histogram.
-func (p *proxyProcess) scrape(ctx context.Context) (histogram, error) {
-	page, err := p.metrics(ctx)
-	if err != nil {
-		return histogram{}, err
-	}
-	p.page = page
-	return parseHistogram(page, syncMetric)
-}
-
-// metrics reads the proxy's /metrics page.
-func (p *proxyProcess) metrics(ctx context.Context) (string, error) { return p.get(ctx, "/metrics") }
-
-// get reads a page of the proxy's metrics server.
-func (p *proxyProcess) get(ctx context.Context, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peerMetricsAddr+path, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("read %s %s: %s", p.name, path, resp.Status)
-	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("read %s %s: %w", p.name, path, err)
-	}
-	return string(body), nil
-}
-
-// memory returns the proxy's VmRSS and VmHWM in MiB.
-func (p *proxyProcess) memory() (rss, peak float64, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, 0, fmt.Errorf("read %s status: %w", p.name, err)
-	}
-	st := parseProcStatus(string(data))
-	return float64(st["VmRSS"]) / 1024, float64(st["VmHWM"]) / 1024, nil
-}
-
-// logTail returns the last lines of the proxy's log, for errors.
-func (p *proxyProcess) logTail(n int) string {
-	f, err := os.Open(p.log.Name())
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
+// logged returns the lines of nftproxy's log that hold msg (one of the
+// lines above), in order.
+func logged(log, msg string) ([]loggedLine, error) {
+	var out []loggedLine
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, msg) {
+			continue
 		}
+		var l struct {
+			TS   string  `json:"ts"`
+			Took float64 `json:"took"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			return nil, fmt.Errorf("parse nftproxy log: %w", err)
+		}
+		at, err := time.Parse(zapISO8601, l.TS)
+		if err != nil {
+			return nil, fmt.Errorf("parse nftproxy log: %w", err)
+		}
+		out = append(out, loggedLine{at: at, tookMS: l.Took * 1000})
 	}
-	return strings.Join(lines, "\n")
+	return out, nil
 }

@@ -1,22 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
+	"github.com/nftproxy/nftproxy/e2e/prom"
 )
 
 // The soak phase (`make soak`): nftproxy under endpoint churn for a while,
@@ -62,139 +58,191 @@ const (
 	soakRecentChanges = 1000
 )
 
+// soak is one run of the soak phase: the churned state, the pods, and
+// nftproxy with its clients.
+type soak struct {
+	so      soakOptions
+	run     *SoakRun
+	w       *workload
+	model   *soakModel
+	owners  *addrOwners
+	topo    *netns.Topology
+	servers *soakServers
+	tmp     string
+	p       *proxy
+	clients *soakClients
+	history *addrHistory
+	writers *soakWriters
+	// The histograms at idle: the churn's figures are what it adds.
+	syncBefore, progBefore prom.Histogram
+	closers                []func() // run last to first
+}
+
 func soakPhase(res *Results, o *options) error {
 	so := o.soak
-	run := &SoakRun{Started: time.Now().UTC(), Command: so.command, Services: so.services, Endpoints: soakEndpoints,
-		TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate, Load: []string{loadAverage()}}
 	if _, err := os.Stat(o.nftproxy); err != nil {
 		return fmt.Errorf("find nftproxy (make build): %w", err)
 	}
-	w := workloadSpec{name: "soak", services: so.services, width: uniform(soakEndpoints), unplaced: true}.generate()
-	model := newSoakModel(w, soakPool, soakSeed)
-	owners := newAddrOwners(soakPool)
-	for i, s := range model.services {
-		for _, e := range s.endpoints {
-			owners.set(e.addr, i)
+	s := &soak{so: so, run: &SoakRun{Started: time.Now().UTC(), Command: so.command, Services: so.services, Endpoints: soakEndpoints,
+		TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate, Load: []string{loadAverage()}}}
+	defer func() {
+		for i := len(s.closers) - 1; i >= 0; i-- {
+			s.closers[i]()
+		}
+	}()
+	ctx := context.Background()
+	if err := s.setUp(); err != nil {
+		return err
+	}
+	sink, args, err := s.source(ctx, o.nftproxy)
+	if err != nil {
+		return err
+	}
+	if err := s.start(ctx, args); err != nil {
+		return err
+	}
+	logf("soak: nftproxy synced %d services; idle: %s", so.services, s.run.Idle)
+	began, err := s.churn(ctx, sink)
+	if err != nil {
+		return err
+	}
+	if err := s.finish(ctx, began); err != nil {
+		return err
+	}
+	res.Soak = s.run
+	for _, line := range s.run.summary() {
+		fmt.Println(line)
+	}
+	for _, e := range s.run.Examples {
+		fmt.Println("failure:", e)
+	}
+	return nil
+}
+
+// setUp builds the churned state, the topology and its pods.
+func (s *soak) setUp() error {
+	s.w = workloadSpec{name: "soak", services: s.so.services, width: uniform(soakEndpoints), unplaced: true}.generate()
+	s.model = newSoakModel(s.w, soakPool, soakSeed)
+	s.owners = newAddrOwners(soakPool)
+	for i, svc := range s.model.services {
+		for _, e := range svc.endpoints {
+			s.owners.set(e.addr, i)
 		}
 	}
-
-	topo, err := netns.BuildTopology(netns.TopologyOptions{Prefix: nsPrefix + "s", Pods: soakPods})
+	var err error
+	if s.topo, err = netns.BuildTopology(netns.TopologyOptions{Prefix: nsPrefix + "s", Pods: soakPods}); err != nil {
+		return err
+	}
+	s.closers = append(s.closers, func() { _ = s.topo.Close() })
+	s.servers, err = startSoakPods(s.topo, s.owners)
+	s.closers = append(s.closers, s.servers.close)
 	if err != nil {
 		return err
 	}
-	defer topo.Close()
-	servers, err := startSoakPods(topo, owners)
-	defer servers.close()
-	if err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp("", "nftproxy-soak-")
-	if err != nil {
+	if s.tmp, err = os.MkdirTemp("", "nftproxy-soak-"); err != nil {
 		return fmt.Errorf("make scratch directory: %w", err)
 	}
-	defer os.RemoveAll(tmp)
+	s.closers = append(s.closers, func() { os.RemoveAll(s.tmp) })
+	return nil
+}
 
-	ctx := context.Background()
-	var sink soakSink
-	var args []string
-	if so.manifests {
-		run.Source = soakSourceManifests
-		dir := filepath.Join(tmp, "manifests")
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return fmt.Errorf("make manifest directory: %w", err)
-		}
-		ms := manifestSink{dir: dir}
-		logf("soak: writing %d manifest files", len(model.services))
-		for i := range model.services {
-			if err := ms.write(ctx, &model.services[i], model.endpoints(i)); err != nil {
-				return err
-			}
-		}
-		sink, args = ms, append(nftproxyCommand(o.nftproxy, "--manifests", dir), "--profiling")
-	} else {
-		run.Source = soakSourceAPI
-		c, err := startCluster(ctx)
-		if err != nil {
-			return err
-		}
-		defer c.stop()
-		services, slices := w.objects()
-		logf("soak: writing %d services and %d endpoint slices to the API server", services, slices)
-		began := time.Now()
-		if err := c.load(ctx, w); err != nil {
-			return err
-		}
-		run.CreateRate = float64(services+slices) / time.Since(began).Seconds()
-		logf("soak: written in %s (%.0f objects/s)", time.Since(began).Round(time.Second), run.CreateRate)
-		u, err := url.Parse(c.srv.URL)
-		if err != nil {
-			return fmt.Errorf("parse API server address: %w", err)
-		}
-		relay, err := netns.StartRelay(topo.Node, "127.0.0.1:0", u.Host)
-		if err != nil {
-			return err
-		}
-		defer relay.Close()
-		kubeconfig := filepath.Join(tmp, "kubeconfig")
-		if err := apiserver.RelayedKubeconfig(c.srv.Kubeconfig, relay.Addr(), "", kubeconfig); err != nil {
-			return err
-		}
-		sink, args = apiSink{client: c.client}, append(nftproxyCommand(o.nftproxy, "--kubeconfig", kubeconfig), "--profiling")
+// source writes the services where nftproxy reads them, and returns where
+// the churn writes and nftproxy's command line.
+func (s *soak) source(ctx context.Context, binary string) (soakSink, []string, error) {
+	if !s.so.manifests {
+		return s.apiSource(ctx, binary)
 	}
+	s.run.Source = soakSourceManifests
+	dir := filepath.Join(s.tmp, "manifests")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("make manifest directory: %w", err)
+	}
+	ms := manifestSink{dir: dir}
+	logf("soak: writing %d manifest files", len(s.model.services))
+	for i := range s.model.services {
+		if err := ms.write(ctx, &s.model.services[i], s.model.endpoints(i)); err != nil {
+			return nil, nil, err
+		}
+	}
+	return ms, append(nftproxyCommand(binary, "--manifests", dir), "--profiling"), nil
+}
 
-	logPath := filepath.Join(tmp, "nftproxy.log")
-	p, err := startProxy("nftproxy", topo.Node, args, "", logPath)
+// apiSource starts an API server, writes the workload to it and relays it
+// into nftproxy's namespace.
+func (s *soak) apiSource(ctx context.Context, binary string) (soakSink, []string, error) {
+	s.run.Source = soakSourceAPI
+	c, err := startCluster(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer p.stop(false)
-	clients := &soakClients{ns: topo.Client, model: model.services, recent: newRecentRing(soakRecentChanges),
-		rate: so.connRate, timeout: soakConnTimeout, failed: map[string]int{}}
-	if err := soakWaitReady(ctx, p, clients); err != nil {
-		return err
-	}
-	page, err := p.metrics(ctx)
-	if err != nil {
-		return err
-	}
-	syncBefore, err := parseBuckets(page, syncMetric)
-	if err != nil {
-		return err
-	}
-	progBefore, err := parseBuckets(page, progMetric)
-	if err != nil {
-		return err
-	}
-	if run.Idle, err = soakSample(ctx, p, time.Now(), clients, 0); err != nil {
-		return err
-	}
-	if run.Idle.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("idle")); err != nil {
-		return err
-	}
-	logf("soak: nftproxy synced %d services; idle: %s", so.services, run.Idle)
-
-	// The churn, the clients and the samples, for the duration.
-	cctx, cancel := context.WithTimeout(ctx, so.duration)
-	defer cancel()
-	history := newAddrHistory()
-	writers := startSoakWriters(ctx, sink, model.services, soakWorkers, history)
-	clientsDone := make(chan struct{})
-	go func() { clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
+	s.closers = append(s.closers, c.stop)
+	services, slices := s.w.objects()
+	logf("soak: writing %d services and %d endpoint slices to the API server", services, slices)
 	began := time.Now()
+	if err := c.load(ctx, s.w); err != nil {
+		return nil, nil, err
+	}
+	s.run.CreateRate = float64(services+slices) / time.Since(began).Seconds()
+	logf("soak: written in %s (%.0f objects/s)", time.Since(began).Round(time.Second), s.run.CreateRate)
+	kubeconfig := filepath.Join(s.tmp, "kubeconfig")
+	relay, err := c.relay(s.topo.Node, kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.closers = append(s.closers, relay.Close)
+	return apiSink{client: c.client}, append(nftproxyCommand(binary, "--kubeconfig", kubeconfig), "--profiling"), nil
+}
+
+// start runs nftproxy, waits for it to serve, and reads it at idle.
+func (s *soak) start(ctx context.Context, args []string) error {
+	p, err := startProxy("nftproxy", s.topo.Node, nil, args...)
+	if err != nil {
+		return err
+	}
+	s.p = p
+	s.closers = append(s.closers, func() { p.stop(false, 5*time.Second) })
+	s.clients = &soakClients{ns: s.topo.Client, model: s.model.services, recent: newRecentRing(soakRecentChanges),
+		rate: s.so.connRate, timeout: soakConnTimeout, failed: map[string]int{}}
+	if err := soakWaitReady(ctx, p, s.clients); err != nil {
+		return err
+	}
+	fams, err := p.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	s.syncBefore, s.progBefore = fams.Histogram(syncMetric), fams.Histogram(progMetric)
+	if s.run.Idle, err = soakSample(ctx, p, time.Now(), s.clients, 0); err != nil {
+		return err
+	}
+	s.run.Idle.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("idle"))
+	return err
+}
+
+// churn runs the churn, the clients and the samples for the duration, and
+// returns when the churn began.
+func (s *soak) churn(ctx context.Context, sink soakSink) (began time.Time, err error) {
+	run, p := s.run, s.p
+	cctx, cancel := context.WithTimeout(ctx, s.so.duration)
+	defer cancel()
+	s.history = newAddrHistory()
+	s.writers = startSoakWriters(ctx, sink, s.model.services, soakWorkers, s.history)
+	clientsDone := make(chan struct{})
+	go func() { s.clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
+	began = time.Now()
 	var changes, terminating atomic.Int64
 	churnDone := make(chan error, 1)
 	go func() {
-		churnDone <- soakChurn(cctx, model, owners, writers, history, clients.recent, so, &changes, &terminating)
+		churnDone <- soakChurn(cctx, s.model, s.owners, s.writers, s.history, s.clients.recent, s.so, &changes, &terminating)
 	}()
-	warmup := min(so.duration/10, time.Minute)
+	warmup := min(s.so.duration/10, time.Minute)
 	sampleTick := time.NewTicker(soakSampleEvery)
 	defer sampleTick.Stop()
 	warm := time.After(warmup)
 	lagFrom := 0
 	sample := func() (SoakPoint, error) {
-		pt, err := soakSample(ctx, p, began, clients, int(changes.Load()))
+		pt, err := soakSample(ctx, p, began, s.clients, int(changes.Load()))
 		pt.Terminating = int(terminating.Load())
-		pt.WriteLagMS, lagFrom = writers.lagSince(lagFrom)
+		pt.WriteLagMS, lagFrom = s.writers.lagSince(lagFrom)
 		return pt, err
 	}
 	for done := false; !done; {
@@ -203,70 +251,70 @@ func soakPhase(res *Results, o *options) error {
 			done = true
 		case <-warm:
 			if run.Start, err = sample(); err != nil {
-				return err
+				return began, err
 			}
-			if run.Start.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("start")); err != nil {
-				return err
+			if run.Start.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("start")); err != nil {
+				return began, err
 			}
 			logf("soak: start (after %s of churn): %s", warmup, run.Start)
 		case <-sampleTick.C:
 			pt, err := sample()
 			if err != nil {
-				return err
+				return began, err
 			}
 			run.Samples = append(run.Samples, pt)
 			logf("soak: %s", pt)
 		}
 	}
 	run.End, err = sample()
-	churnEnd := time.Now()
+	run.DurationS = time.Since(began).Seconds()
 	if err != nil {
-		return err
+		return began, err
 	}
-	if run.End.LiveHeapMiB, err = liveHeap(ctx, p, so.profile("end")); err != nil {
-		return err
+	if run.End.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("end")); err != nil {
+		return began, err
 	}
 	run.Samples = append(run.Samples, run.End)
 	if err := <-churnDone; err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+		return began, err
 	}
 	<-clientsDone
-	writers.close()
-	run.DurationS = churnEnd.Sub(began).Seconds()
-	run.Changes, run.Writes, run.WriteErrors = int(changes.Load()), int(writers.done.Load()), int(writers.failed.Load())
-	run.WriteP99MS = quantile(writers.latency, 0.99)
-	if writers.firstErr != nil {
-		run.FirstError = writers.firstErr.Error()
+	s.writers.close()
+	run.Changes = int(changes.Load())
+	return began, nil
+}
+
+// finish records the writes, the connections, the memory and the syncs of
+// the churn.
+func (s *soak) finish(ctx context.Context, began time.Time) error {
+	run, w := s.run, s.writers
+	run.Writes, run.WriteErrors = int(w.done.Load()), int(w.failed.Load())
+	run.WriteP99MS = quantile(w.latency, 0.99)
+	if w.firstErr != nil {
+		run.FirstError = w.firstErr.Error()
 	}
-	run.FailedBy, run.Failed = clients.failures()
-	run.Connections, run.Examples, run.DeadHits = int(clients.attempts.Load()), clients.examples, int(servers.dead.Load())
-	servers.mu.Lock()
-	dead := slices.Clone(servers.deadAddrs)
-	servers.mu.Unlock()
+	run.FailedBy, run.Failed = s.clients.failures()
+	run.Connections, run.Examples, run.DeadHits = int(s.clients.attempts.Load()), s.clients.examples, int(s.servers.dead.Load())
+	s.servers.mu.Lock()
+	dead := slices.Clone(s.servers.deadAddrs)
+	s.servers.mu.Unlock()
 	for _, d := range dead {
 		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", d.at.UTC().Format("15:04:05.000"), d.addr))
-		run.Examples = append(run.Examples, history.describe(d.addr)...)
+		run.Examples = append(run.Examples, s.history.describe(d.addr)...)
 	}
-	_, peak, err := p.memory()
+	var err error
+	if _, run.PeakMiB, err = s.p.Memory(); err != nil {
+		return err
+	}
+	fams, err := s.p.scrape(ctx)
 	if err != nil {
 		return err
 	}
-	run.PeakMiB = peak
-	if page, err = p.metrics(ctx); err != nil {
-		return err
-	}
-	syncAfter, err := parseBuckets(page, syncMetric)
-	if err != nil {
-		return err
-	}
-	progAfter, err := parseBuckets(page, progMetric)
-	if err != nil {
-		return err
-	}
-	run.SyncP99Bucket = 1000 * bucketQuantile(syncBefore, syncAfter, 0.99)
-	run.ProgP50Bucket = 1000 * bucketQuantile(progBefore, progAfter, 0.5)
-	run.ProgP99Bucket = 1000 * bucketQuantile(progBefore, progAfter, 0.99)
-	took, err := syncTimes(logPath, began, churnEnd)
+	syncAfter, progAfter := fams.Histogram(syncMetric), fams.Histogram(progMetric)
+	run.SyncP99Bucket = 1000 * prom.Quantile(s.syncBefore, syncAfter, 0.99)
+	run.ProgP50Bucket = 1000 * prom.Quantile(s.progBefore, progAfter, 0.5)
+	run.ProgP99Bucket = 1000 * prom.Quantile(s.progBefore, progAfter, 0.99)
+	took, err := syncTimes(s.p.Log(), began, began.Add(time.Duration(run.DurationS*float64(time.Second))))
 	if err != nil {
 		return err
 	}
@@ -275,23 +323,8 @@ func soakPhase(res *Results, o *options) error {
 		run.SyncP50MS, run.SyncP99MS, run.SyncMaxMS = quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1)
 	}
 	run.Load = append(run.Load, loadAverage())
-	res.Soak = run
-	for _, line := range run.summary() {
-		fmt.Println(line)
-	}
-	for _, e := range run.Examples {
-		fmt.Println("failure:", e)
-	}
 	return nil
 }
-
-// zapISO8601 is the layout of the daemon's log timestamps
-// (zapcore.ISO8601TimeEncoder).
-const zapISO8601 = "2006-01-02T15:04:05.000Z0700"
-
-// progMetric is the histogram of the time from a change seen to it being in
-// the kernel.
-const progMetric = "kubeproxy_network_programming_duration_seconds"
 
 // soakChurn replaces endpoints at the set rate until ctx ends, and removes
 // each replaced endpoint the grace period after the write that made it
@@ -353,16 +386,16 @@ func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWri
 
 // soakWaitReady waits for nftproxy's first sync and for connections to the
 // first, the middle and the last service to go through.
-func soakWaitReady(ctx context.Context, p *proxyProcess, c *soakClients) error {
+func soakWaitReady(ctx context.Context, p *proxy, c *soakClients) error {
 	began := time.Now()
 	for {
-		if p.exited() {
-			return fmt.Errorf("nftproxy exited: %s", p.logTail(5))
+		if p.Exited() {
+			return fmt.Errorf("nftproxy exited: %s", p.LogTail(5))
 		}
 		if time.Since(began) > soakReadyTimeout {
-			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, p.logTail(5))
+			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, p.LogTail(5))
 		}
-		if h, err := p.scrape(ctx); err == nil && h.count > 0 {
+		if h, err := p.histogram(ctx, syncMetric); err == nil && h.Count > 0 {
 			n := len(c.model)
 			ok := true
 			for _, svc := range []int{0, n / 2, n - 1} {
@@ -379,90 +412,33 @@ func soakWaitReady(ctx context.Context, p *proxyProcess, c *soakClients) error {
 }
 
 // soakSample reads the daemon's RSS, goroutines and syncs.
-func soakSample(ctx context.Context, p *proxyProcess, began time.Time, c *soakClients, changes int) (SoakPoint, error) {
+func soakSample(ctx context.Context, p *proxy, began time.Time, c *soakClients, changes int) (SoakPoint, error) {
 	pt := SoakPoint{AtS: time.Since(began).Round(time.Second).Seconds(), Changes: changes, Connections: int(c.attempts.Load())}
 	_, pt.Failed = c.failures()
-	rss, _, err := p.memory()
+	rss, _, err := p.Memory()
 	if err != nil {
 		return pt, err
 	}
 	pt.RSSMiB = rss
-	page, err := p.metrics(ctx)
+	h, err := p.histogram(ctx, syncMetric)
 	if err != nil {
 		return pt, err
 	}
-	g, ok := parseGauge(page, "go_goroutines")
-	if !ok {
-		return pt, errors.New("read nftproxy metrics: no go_goroutines")
-	}
+	pt.Syncs = h.Count
+	g, err := p.gauge("go_goroutines")
 	pt.Goroutines = int(g)
-	h, err := parseHistogram(page, syncMetric)
-	if err != nil {
-		return pt, err
-	}
-	pt.Syncs = h.count
-	return pt, nil
-}
-
-// liveHeap asks the daemon for a collection and returns its heap right
-// after, in MiB. The heap profile that comes with the collection is saved
-// to profile unless that is empty (`go tool pprof -base START END` shows
-// what grew).
-func liveHeap(ctx context.Context, p *proxyProcess, profile string) (float64, error) {
-	prof, err := p.get(ctx, "/debug/pprof/heap?gc=1")
-	if err != nil {
-		return 0, err
-	}
-	if profile != "" {
-		if err := os.WriteFile(profile, []byte(prof), 0o644); err != nil {
-			return 0, fmt.Errorf("write heap profile: %w", err)
-		}
-	}
-	page, err := p.metrics(ctx)
-	if err != nil {
-		return 0, err
-	}
-	v, ok := parseGauge(page, "go_memstats_heap_alloc_bytes")
-	if !ok {
-		return 0, errors.New("read nftproxy metrics: no go_memstats_heap_alloc_bytes")
-	}
-	return v / (1 << 20), nil
+	return pt, err
 }
 
 // syncTimes returns the took of every sync the daemon logged between from
 // and to, in milliseconds.
-func syncTimes(logPath string, from, to time.Time) ([]float64, error) {
-	f, err := os.Open(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("read nftproxy log: %w", err)
-	}
-	defer f.Close()
+func syncTimes(log string, from, to time.Time) ([]float64, error) {
+	syncs, err := logged(log, syncedLine)
 	var out []float64
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !strings.Contains(string(line), `"msg":"Synced"`) {
-			continue
+	for _, l := range syncs {
+		if !l.at.Before(from) && !l.at.After(to) {
+			out = append(out, l.tookMS)
 		}
-		var l struct {
-			TS   string  `json:"ts"`
-			Took float64 `json:"took"` // seconds
-		}
-		if err := json.Unmarshal(line, &l); err != nil {
-			return nil, fmt.Errorf("parse nftproxy log: %w", err)
-		}
-		ts, err := time.Parse(zapISO8601, l.TS)
-		if err != nil {
-			return nil, fmt.Errorf("parse nftproxy log: %w", err)
-		}
-		if ts.Before(from) || ts.After(to) {
-			continue
-		}
-		out = append(out, l.Took*1000)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read nftproxy log: %w", err)
-	}
-	return out, nil
+	return out, err
 }

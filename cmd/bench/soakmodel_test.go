@@ -1,15 +1,12 @@
 package main
 
 import (
-	"math"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 )
 
 // TestSoakModelKeepsServicesReady replays a churn and checks what the soak
@@ -128,50 +125,6 @@ func TestSoakPodRanges(t *testing.T) {
 	}
 }
 
-func TestBucketQuantile(t *testing.T) {
-	page := `# TYPE h histogram
-h_bucket{le="0.001"} 10
-h_bucket{le="0.01"} 95
-h_bucket{le="0.1"} 100
-h_bucket{le="+Inf"} 100
-h_sum 0.3
-h_count 100
-`
-	after, err := parseBuckets(page, "h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := []bucket{{0.001, 10}, {0.01, 10}, {0.1, 10}, {math.Inf(1), 10}}
-	for _, tc := range []struct {
-		name    string
-		before  []bucket
-		q, want float64
-	}{
-		{"all, median", nil, 0.5, 0.01},
-		{"all, p99", nil, 0.99, 0.1},
-		{"all, p10", nil, 0.1, 0.001},
-		{"since before, p90", before, 0.9, 0.01},
-		{"since before, p99", before, 0.99, 0.1},
-		{"nothing observed", after, 0.99, 0},
-	} {
-		if got := bucketQuantile(tc.before, after, tc.q); got != tc.want {
-			t.Errorf("%s: %g, want %g", tc.name, got, tc.want)
-		}
-	}
-	// kube-proxy's histograms are split by ip_family: the IPv4 series is read.
-	byFamily := `h_bucket{ip_family="IPv4",le="0.001"} 10
-h_bucket{ip_family="IPv6",le="0.001"} 7
-h_bucket{ip_family="IPv4",le="+Inf"} 100
-h_bucket{ip_family="IPv6",le="+Inf"} 70
-`
-	if got, err := parseBuckets(byFamily, "h"); err != nil || !cmp.Equal(got, []bucket{{0.001, 10}, {math.Inf(1), 100}}, cmp.AllowUnexported(bucket{})) {
-		t.Errorf("IPv4 buckets: %v, %v", got, err)
-	}
-	if g, ok := parseGauge("go_goroutines 17\ngo_threads 9\n", "go_goroutines"); !ok || g != 17 {
-		t.Errorf("parseGauge = %g, %v; want 17, true", g, ok)
-	}
-}
-
 func TestGrouped(t *testing.T) {
 	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 84132: "84,132", 1234567: "1,234,567", -10000: "-10,000"} {
 		if got := grouped(n); got != want {
@@ -187,12 +140,8 @@ func TestSyncTimes(t *testing.T) {
 {"level":"info","ts":"2026-11-25T08:00:03.000Z","msg":"Synced","full":false,"took":0.02}
 {"level":"info","ts":"2026-11-25T08:00:09.000Z","msg":"Synced","full":false,"took":0.5}
 `
-	path := t.TempDir() + "/nftproxy.log"
-	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	from := time.Date(2026, 11, 25, 8, 0, 1, 0, time.UTC)
-	got, err := syncTimes(path, from, from.Add(5*time.Second))
+	got, err := syncTimes(log, from, from.Add(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
