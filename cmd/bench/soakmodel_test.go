@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
 )
 
 // TestSoakModelKeepsServicesReady replays a churn and checks what the soak
