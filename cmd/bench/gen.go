@@ -160,11 +160,42 @@ type iptablesRestore struct {
 func (r iptablesRestore) text(services []iptService) string {
 	var b strings.Builder
 	b.Grow(len(services) * 1200)
-	cidr := clusterCIDR.String()
+	r.filter(&b)
+	r.natChains(&b, services)
+	// The top-level chains, always written in full.
+	for i := range services {
+		s := &services[i]
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j %s\n",
+			s.ip, s.name, s.port, s.svcChain())
+	}
+	for i := range services {
+		s := &services[i]
+		if s.nodePort != 0 {
+			fmt.Fprintf(&b, "-A KUBE-NODEPORTS -p tcp -m comment --comment \"%s\" -m tcp --dport %d -j %s\n",
+				s.name, s.nodePort, s.extChain())
+		}
+	}
+	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
+	for i := range services {
+		if r.writes(i) {
+			serviceRules(&b, &services[i])
+		}
+	}
+	for _, c := range r.stale {
+		fmt.Fprintf(&b, "-X %s\n", c)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
 
+// writes reports whether service i's chains are written.
+func (r iptablesRestore) writes(i int) bool { return r.only == nil || r.only[i] }
+
+// filter writes the filter table, whole.
+func (r iptablesRestore) filter(b *strings.Builder) {
 	b.WriteString("*filter\n")
 	for _, c := range []string{"KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-SERVICES"} {
-		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		fmt.Fprintf(b, ":%s - [0:0]\n", c)
 	}
 	if r.jumps {
 		b.WriteString(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
@@ -182,27 +213,31 @@ func (r iptablesRestore) text(services []iptService) string {
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 COMMIT
-*nat
 `)
+}
+
+// natChains starts the nat table: its chains declared (and so flushed),
+// the jumps into them on a first load, and the fixed chains' rules.
+func (r iptablesRestore) natChains(b *strings.Builder, services []iptService) {
+	b.WriteString("*nat\n")
 	for _, c := range []string{"KUBE-MARK-MASQ", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-SERVICES"} {
-		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		fmt.Fprintf(b, ":%s - [0:0]\n", c)
 	}
-	write := func(i int) bool { return r.only == nil || r.only[i] }
 	for i := range services {
-		if !write(i) {
+		if !r.writes(i) {
 			continue
 		}
 		s := &services[i]
-		fmt.Fprintf(&b, ":%s - [0:0]\n", s.svcChain())
+		fmt.Fprintf(b, ":%s - [0:0]\n", s.svcChain())
 		if s.nodePort != 0 {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", s.extChain())
+			fmt.Fprintf(b, ":%s - [0:0]\n", s.extChain())
 		}
 		for _, ep := range s.endpoints {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", sepChain(s, ep))
+			fmt.Fprintf(b, ":%s - [0:0]\n", sepChain(s, ep))
 		}
 	}
 	for _, c := range r.stale {
-		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		fmt.Fprintf(b, ":%s - [0:0]\n", c)
 	}
 	if r.jumps {
 		b.WriteString(`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
@@ -215,51 +250,30 @@ COMMIT
 -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
 -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
 `)
-	// The top-level chains, always written in full.
-	for i := range services {
-		s := &services[i]
-		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j %s\n",
-			s.ip, s.name, s.port, s.svcChain())
+}
+
+// serviceRules writes one service's own chains: KUBE-EXT, KUBE-SVC with
+// its statistic probabilities, and a KUBE-SEP with DNAT per endpoint.
+func serviceRules(b *strings.Builder, s *iptService) {
+	svc := s.svcChain()
+	if s.nodePort != 0 {
+		ext := s.extChain()
+		fmt.Fprintf(b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, s.name)
+		fmt.Fprintf(b, "-A %s -j %s\n", ext, svc)
 	}
-	for i := range services {
-		s := &services[i]
-		if s.nodePort != 0 {
-			fmt.Fprintf(&b, "-A KUBE-NODEPORTS -p tcp -m comment --comment \"%s\" -m tcp --dport %d -j %s\n",
-				s.name, s.nodePort, s.extChain())
-		}
-	}
-	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
-	// Per-service chains.
-	for i := range services {
-		if !write(i) {
-			continue
-		}
-		s := &services[i]
-		svc := s.svcChain()
-		if s.nodePort != 0 {
-			ext := s.extChain()
-			fmt.Fprintf(&b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, s.name)
-			fmt.Fprintf(&b, "-A %s -j %s\n", ext, svc)
-		}
-		fmt.Fprintf(&b, "-A %s ! -s %s -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j KUBE-MARK-MASQ\n",
-			svc, cidr, s.ip, s.name, s.port)
-		for j, ep := range s.endpoints {
-			left := len(s.endpoints) - j
-			if left > 1 {
-				fmt.Fprintf(&b, "-A %s -m statistic --mode random --probability %0.11f -j %s\n", svc, 1/float64(left), sepChain(s, ep))
-			} else {
-				fmt.Fprintf(&b, "-A %s -j %s\n", svc, sepChain(s, ep))
-			}
-		}
-		for _, ep := range s.endpoints {
-			sep := sepChain(s, ep)
-			fmt.Fprintf(&b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ep.Addr())
-			fmt.Fprintf(&b, "-A %s -p tcp -m tcp -j DNAT --to-destination %s\n", sep, ep)
+	fmt.Fprintf(b, "-A %s ! -s %s -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j KUBE-MARK-MASQ\n",
+		svc, clusterCIDR, s.ip, s.name, s.port)
+	for j, ep := range s.endpoints {
+		left := len(s.endpoints) - j
+		if left > 1 {
+			fmt.Fprintf(b, "-A %s -m statistic --mode random --probability %0.11f -j %s\n", svc, 1/float64(left), sepChain(s, ep))
+		} else {
+			fmt.Fprintf(b, "-A %s -j %s\n", svc, sepChain(s, ep))
 		}
 	}
-	for _, c := range r.stale {
-		fmt.Fprintf(&b, "-X %s\n", c)
+	for _, ep := range s.endpoints {
+		sep := sepChain(s, ep)
+		fmt.Fprintf(b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ep.Addr())
+		fmt.Fprintf(b, "-A %s -p tcp -m tcp -j DNAT --to-destination %s\n", sep, ep)
 	}
-	b.WriteString("COMMIT\n")
-	return b.String()
 }

@@ -56,13 +56,19 @@ func main() {
 	}
 }
 
-func run(args []string) error {
-	var o options
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+// rawFlags are the flags parsed into options after the flag set is done.
+type rawFlags struct {
+	sizes, phases, daemonOne, workloads, proxies, soakSource *string
+}
+
+// defineFlags defines the bench's flags on fs, into o and the returned
+// strings.
+func defineFlags(fs *flag.FlagSet, o *options) rawFlags {
 	fs.BoolVar(&o.quick, "quick", false, "stop at 10,000 services")
-	sizes := fs.String("sizes", "", "comma-separated service counts (default 1000,5000,10000,30000,50000; --quick stops at 10000)")
+	var r rawFlags
+	r.sizes = fs.String("sizes", "", "comma-separated service counts (default 1000,5000,10000,30000,50000; --quick stops at 10000)")
 	fs.IntVar(&o.runs, "runs", 3, "runs of each measurement; tables show the minimum and the median")
-	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure: "+strings.Join(allPhases, ",")+" (or "+soakPhaseName+", run only when named)")
+	r.phases = fs.String("phases", strings.Join(allPhases, ","), "what to measure: "+strings.Join(allPhases, ",")+" (or "+soakPhaseName+", run only when named)")
 	fs.StringVar(&o.docs, "docs", "docs", "directory benchmarks.md and the plots are written to")
 	fs.StringVar(&o.render, "render", "", "only rewrite the docs from this results file")
 	fs.StringVar(&o.results, "results", "cmd/bench/results.json", "file the raw results are written to")
@@ -73,9 +79,9 @@ func run(args []string) error {
 	fs.IntVar(&o.samples, "samples", 1000, "TCP connects timed per target service")
 	fs.IntVar(&o.daemonMax, "daemon-max", 50000, "largest size nftproxy run is started at")
 	fs.StringVar(&o.daemonProfiles, "daemon-profiles", "", "directory the daemon's heap profile at steady state is saved to, one per size (none when empty)")
-	daemonOne := fs.String("daemon-one-endpoint", "100000", "comma-separated service counts the daemon phase also runs with one endpoint per service (none when empty or --quick)")
-	workloads := fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
-	proxies := fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
+	r.daemonOne = fs.String("daemon-one-endpoint", "100000", "comma-separated service counts the daemon phase also runs with one endpoint per service (none when empty or --quick)")
+	r.workloads = fs.String("workloads", "", "peers phase: comma-separated workloads, of "+workloadNames()+" (default: "+strings.Join(defaultWorkloads(false), ",")+"; --quick: "+strings.Join(defaultWorkloads(true), ",")+")")
+	r.proxies = fs.String("proxies", "", "peers phase: comma-separated proxies, of "+strings.Join(allProxies, ",")+" (default: all; 30kx3 and 100kx3 run nftproxy alone unless this is given)")
 	fs.DurationVar(&o.writeLimit, "write-limit", 20*time.Minute, "peers phase: a workload the API server has not stored after this long is reported as not run (its Service creates cost it O(services): 100,000 take over an hour)")
 	fs.IntVar(&o.peerRuns, "peer-runs", 1, "peers phase: runs of each proxy on a workload; the tables show the median (kube-proxy's iptables modes take minutes a run at 10k services)")
 	fs.DurationVar(&o.stepLimit, "step-limit", 5*time.Minute, "peers phase: a proxy that has not finished a step after this long is reported over it and stopped")
@@ -85,52 +91,68 @@ func run(args []string) error {
 	fs.IntVar(&o.soak.connRate, "soak-conn-rate", 100, "soak phase: client connections a second")
 	fs.DurationVar(&o.soak.grace, "soak-grace", 10*time.Second, "soak phase: how long a replaced endpoint stays terminating before its pod exits and it is removed")
 	fs.StringVar(&o.soak.profiles, "soak-profiles", "", "soak phase: directory the daemon's heap profiles at idle, start and end are saved to (none when empty)")
-	soakSource := fs.String("soak-source", "api", "soak phase: where nftproxy reads the objects, api (a real kube-apiserver) or manifests (a directory)")
+	r.soakSource = fs.String("soak-source", "api", "soak phase: where nftproxy reads the objects, api (a real kube-apiserver) or manifests (a directory)")
 	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
 	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
 	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")
+	return r
+}
+
+// parseOptions reads the command line; nil options and no error is -help.
+func parseOptions(args []string) (*options, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	r := defineFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return nil, nil
 		}
+		return nil, err
+	}
+	var err error
+	if o.sizes, err = parseSizes(*r.sizes, o.quick); err != nil {
+		return nil, err
+	}
+	if o.peerRuns < 1 {
+		return nil, fmt.Errorf("parse --peer-runs: %d is not a number of runs", o.peerRuns)
+	}
+	if *r.daemonOne != "" && !o.quick {
+		if o.daemonOne, err = parseSizes(*r.daemonOne, false); err != nil {
+			return nil, err
+		}
+	}
+	if o.workloads, o.proxies, err = parsePeers(*r.workloads, *r.proxies, o.quick); err != nil {
+		return nil, err
+	}
+	o.proxiesGiven = *r.proxies != ""
+	o.phases = strings.Split(*r.phases, ",")
+	for _, p := range o.phases {
+		if !slices.Contains(allPhases, p) && p != soakPhaseName {
+			return nil, fmt.Errorf("unknown phase %q, want some of %s,%s", p, strings.Join(allPhases, ","), soakPhaseName)
+		}
+	}
+	switch *r.soakSource {
+	case "api":
+	case "manifests":
+		o.soak.manifests = true
+	default:
+		return nil, fmt.Errorf("unknown --soak-source %q, want api or manifests", *r.soakSource)
+	}
+	if o.soak.rate <= 0 || o.soak.connRate <= 0 || o.soak.services < 3 || o.soak.duration <= 0 {
+		return nil, errors.New("soak: --soak-rate, --soak-conn-rate and --soak-duration must be positive, --soak-services at least 3")
+	}
+	o.soak.command = strings.Join(append([]string{"go run ./cmd/bench"}, args...), " ")
+	return &o, nil
+}
+
+func run(args []string) error {
+	o, err := parseOptions(args)
+	if o == nil {
 		return err
 	}
 	if o.childSync > 0 {
 		return childSync(o.childSync, o.childNetns, o.childMemstats)
 	}
-	var err error
-	if o.sizes, err = parseSizes(*sizes, o.quick); err != nil {
-		return err
-	}
-	if o.peerRuns < 1 {
-		return fmt.Errorf("parse --peer-runs: %d is not a number of runs", o.peerRuns)
-	}
-	if *daemonOne != "" && !o.quick {
-		if o.daemonOne, err = parseSizes(*daemonOne, false); err != nil {
-			return err
-		}
-	}
-	if o.workloads, o.proxies, err = parsePeers(*workloads, *proxies, o.quick); err != nil {
-		return err
-	}
-	o.proxiesGiven = *proxies != ""
-	o.phases = strings.Split(*phases, ",")
-	for _, p := range o.phases {
-		if !slices.Contains(allPhases, p) && p != soakPhaseName {
-			return fmt.Errorf("unknown phase %q, want some of %s,%s", p, strings.Join(allPhases, ","), soakPhaseName)
-		}
-	}
-	switch *soakSource {
-	case "api":
-	case "manifests":
-		o.soak.manifests = true
-	default:
-		return fmt.Errorf("unknown --soak-source %q, want api or manifests", *soakSource)
-	}
-	if o.soak.rate <= 0 || o.soak.connRate <= 0 || o.soak.services < 3 || o.soak.duration <= 0 {
-		return errors.New("soak: --soak-rate, --soak-conn-rate and --soak-duration must be positive, --soak-services at least 3")
-	}
-	o.soak.command = strings.Join(append([]string{"go run ./cmd/bench"}, args...), " ")
 	if o.render != "" {
 		res, err := loadResults(o.render)
 		if err != nil {
@@ -157,7 +179,7 @@ func run(args []string) error {
 			logf("saving results: %v", err)
 		}
 	}
-	res, err := measure(&o)
+	res, err := measure(o)
 	if res == nil {
 		return err
 	}
