@@ -62,6 +62,37 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
+// repeat times runs of one step, in milliseconds, and stops at the first
+// error: every full-sync and update figure is such a list.
+func repeat(runs int, step func(run int) (time.Duration, error)) ([]float64, error) {
+	var out []float64
+	for run := range runs {
+		d, err := step(run)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, ms(d))
+	}
+	return out, nil
+}
+
+// loadFresh times runs of a tool loading text into a fresh namespace each,
+// and records them as the full sync of n services by method.
+func loadFresh(res *Results, n, runs int, method, text string, args ...string) error {
+	took, err := repeat(runs, func(int) (d time.Duration, err error) {
+		err = freshNS(func(ns *netns.NS) error {
+			d, err = timeTool(ns, text, args...)
+			return err
+		})
+		return d, err
+	})
+	if err != nil {
+		return err
+	}
+	res.add(n, metricFullSync, method, took...)
+	return nil
+}
+
 // freshNS runs fn in a new namespace and removes the namespace afterwards.
 func freshNS(fn func(ns *netns.NS) error) error {
 	ns, err := netns.Create(nsPrefix)

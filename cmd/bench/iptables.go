@@ -33,19 +33,7 @@ func (be backend) args(noflush bool) []string {
 // namespaces. Generating the text is not timed.
 func fullSyncIptables(res *Results, be backend, n, runs int) error {
 	text := iptablesRestore{jumps: true}.text(iptServices(snapshot(n, nil)))
-	var took []float64
-	for range runs {
-		err := freshNS(func(ns *netns.NS) error {
-			d, err := timeTool(ns, text, be.args(false)...)
-			took = append(took, ms(d))
-			return err
-		})
-		if err != nil {
-			return err
-		}
-	}
-	res.add(n, metricFullSync, be.full, took...)
-	return nil
+	return loadFresh(res, n, runs, be.full, text, be.args(false)...)
 }
 
 // iptablesUpdates loads n services once, then times runs of each update as

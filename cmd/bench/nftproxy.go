@@ -137,39 +137,32 @@ const memLimit = "130MiB"
 // collector runs all the time (its peak RSS is the live peak plus the
 // runtime's own), and once reporting the live heap between stages.
 func fullSyncNftproxy(res *Results, n, runs int) error {
-	var total, compile, apply, rss, cpu []float64
-	for range runs {
-		r, err := runChild(n, false)
-		if err != nil {
-			return err
-		}
-		total = append(total, r.rep.CompileMS+r.rep.ApplyMS)
-		compile, apply = append(compile, r.rep.CompileMS), append(apply, r.rep.ApplyMS)
-		rss, cpu = append(rss, r.rssMiB), append(cpu, r.cpuMS)
-	}
-	res.add(n, metricFullSync, methodNftproxy, total...)
-	res.add(n, metricFullSync, methodCompile, compile...)
-	res.add(n, metricFullSync, methodApply, apply...)
-	res.add(n, metricFullSyncRSS, methodNftproxy, rss...)
-	res.add(n, metricFullSyncCPU, methodNftproxy, cpu...)
-
 	for _, alt := range []struct {
 		method, limit string
 		runs          int
-	}{{methodMemLimit, memLimit, runs}, {methodMemFloor, "1MiB", 1}} {
-		var took, rss, cpu []float64
+	}{{methodNftproxy, "", runs}, {methodMemLimit, memLimit, runs}, {methodMemFloor, "1MiB", 1}} {
+		var env []string
+		if alt.limit != "" {
+			env = []string{"GOMEMLIMIT=" + alt.limit}
+		}
+		var took, compile, apply, rss, cpu []float64
 		for range alt.runs {
-			r, err := runChild(n, false, "GOMEMLIMIT="+alt.limit)
+			r, err := runChild(n, false, env...)
 			if err != nil {
 				return err
 			}
-			took, rss, cpu = append(took, r.rep.CompileMS+r.rep.ApplyMS), append(rss, r.rssMiB), append(cpu, r.cpuMS)
+			took, compile, apply = append(took, r.rep.CompileMS+r.rep.ApplyMS), append(compile, r.rep.CompileMS), append(apply, r.rep.ApplyMS)
+			rss, cpu = append(rss, r.rssMiB), append(cpu, r.cpuMS)
 		}
 		res.add(n, metricFullSync, alt.method, took...)
+		if alt.limit == "" {
+			// The split of the sync is the default child's alone.
+			res.add(n, metricFullSync, methodCompile, compile...)
+			res.add(n, metricFullSync, methodApply, apply...)
+		}
 		res.add(n, metricFullSyncRSS, alt.method, rss...)
 		res.add(n, metricFullSyncCPU, alt.method, cpu...)
 	}
-
 	r, err := runChild(n, true)
 	if err != nil {
 		return err
@@ -187,19 +180,7 @@ func fullSyncNftproxy(res *Results, n, runs int) error {
 // evaluation.
 func fullSyncNftText(res *Results, n, runs int) error {
 	text := m.Render(proxier.Compile(snapshot(n, nil), compileConfig))
-	var took []float64
-	for range runs {
-		err := freshNS(func(ns *netns.NS) error {
-			d, err := timeTool(ns, text, "nft", "-f", "-")
-			took = append(took, ms(d))
-			return err
-		})
-		if err != nil {
-			return err
-		}
-	}
-	res.add(n, metricFullSync, methodNftText, took...)
-	return nil
+	return loadFresh(res, n, runs, methodNftText, text, "nft", "-f", "-")
 }
 
 // updater keeps one namespace holding the ruleset of snap, and the
@@ -349,27 +330,22 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 			{metricServiceAdded, func(int) change { return u.serviceAdded() }},
 		}
 		for _, kd := range kinds {
-			var total, user, apply, full, text []float64
-			for run := range runs {
+			var user, apply []float64
+			total, err := repeat(runs, func(run int) (time.Duration, error) {
 				us, a, err := u.viaSync(kd.next(run))
-				if err != nil {
-					return fmt.Errorf("%s: %w", kd.metric, err)
-				}
-				total, user, apply = append(total, ms(us+a)), append(user, ms(us)), append(apply, ms(a))
+				user, apply = append(user, ms(us)), append(apply, ms(a))
+				return us + a, err
+			})
+			if err != nil {
+				return fmt.Errorf("%s: %w", kd.metric, err)
 			}
-			for run := range runs {
-				took, err := u.viaDiff(kd.next(run))
-				if err != nil {
-					return fmt.Errorf("%s: %w", kd.metric, err)
-				}
-				full = append(full, ms(took))
+			full, err := repeat(runs, func(run int) (time.Duration, error) { return u.viaDiff(kd.next(run)) })
+			if err != nil {
+				return fmt.Errorf("%s: %w", kd.metric, err)
 			}
-			for run := range runs {
-				took, err := u.viaText(kd.next(run))
-				if err != nil {
-					return fmt.Errorf("%s: %w", kd.metric, err)
-				}
-				text = append(text, ms(took))
+			text, err := repeat(runs, func(run int) (time.Duration, error) { return u.viaText(kd.next(run)) })
+			if err != nil {
+				return fmt.Errorf("%s: %w", kd.metric, err)
 			}
 			if err := resync(); err != nil {
 				return err
