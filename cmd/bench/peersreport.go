@@ -151,6 +151,27 @@ func (r *Results) writePeers(b *strings.Builder) {
 	w("- **start to synced** is from exec to the first sample seen (scraped every %s); **RSS** is VmRSS once the full sync settled, **peak RSS** VmHWM after the last step.\n", scrapeEvery)
 	w("- A proxy that has not finished a step after %s is reported `%s` and killed; its later steps are not run. Everything (namespace, API server, etcd data) is removed afterwards.\n\n", strings.TrimPrefix(p.limitText(), "> "), p.limitText())
 
+	r.writePeerTargets(w, b)
+	r.writePeerFloor(w, b)
+
+	r.writePeerScaling(w, b)
+
+	var failures []string
+	for _, wl := range p.Workloads {
+		failures = append(failures, p.writeWorkload(w, b, wl)...)
+	}
+	if len(failures) > 0 {
+		w("¹ Failed:\n\n")
+		for _, f := range failures {
+			w("- %s\n", f)
+		}
+		w("\n")
+	}
+}
+
+// writePeerTargets prints the issue's ratios for every workload.
+func (r *Results) writePeerTargets(w func(string, ...any), b *strings.Builder) {
+	p := r.Peers
 	w("### nftproxy against the fastest kube-proxy mode\n\n")
 	w("Each cell: nftproxy's figure over the fastest kube-proxy mode's for that figure (the issue's limit in the header), with both figures and the mode. A mode stopped at the time limit counts as the limit, so a ratio against it is an upper bound (`<`).\n\n")
 	t := &table{head: []string{"workload"}}
@@ -173,67 +194,59 @@ func (r *Results) writePeers(b *strings.Builder) {
 		t.rows = append(t.rows, row)
 	}
 	t.write(b)
-	r.writePeerFloor(w, b)
+}
 
-	r.writePeerScaling(w, b)
-
-	var failures []string
-	for _, wl := range p.Workloads {
-		w("### %s\n\n", wl.Title)
-		if wl.NotLoaded != "" {
-			w("%d services, %d endpoints, %d EndpointSlices. %s The section *API server write rate* below says why; the daemon section above has nftproxy at this size from a manifest directory.\n\n",
-				wl.Services, wl.Endpoints, wl.Slices, wl.NotLoaded)
-			continue
-		}
-		w("%d services, %d endpoints, %d EndpointSlices, written in %d s.\n\n", wl.Services, wl.Endpoints, wl.Slices, wl.CreateS)
-		t := &table{head: []string{"proxy"}}
+// writeWorkload prints one workload's table and plot, and returns the
+// failures its cells point to.
+func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl PeerWorkload) (failures []string) {
+	w("### %s\n\n", wl.Title)
+	if wl.NotLoaded != "" {
+		w("%d services, %d endpoints, %d EndpointSlices. %s The section *API server write rate* below says why; the daemon section above has nftproxy at this size from a manifest directory.\n\n",
+			wl.Services, wl.Endpoints, wl.Slices, wl.NotLoaded)
+		return nil
+	}
+	w("%d services, %d endpoints, %d EndpointSlices, written in %d s.\n\n", wl.Services, wl.Endpoints, wl.Slices, wl.CreateS)
+	t := &table{head: []string{"proxy"}}
+	for _, c := range peerColumns {
+		t.head = append(t.head, c.title)
+	}
+	for _, proxy := range append(slices.Clone(allProxies), proxyAPIWatch) {
+		row := []string{proxyTitle[proxy]}
+		any := false
 		for _, c := range peerColumns {
-			t.head = append(t.head, c.title)
-		}
-		for _, proxy := range append(slices.Clone(allProxies), proxyAPIWatch) {
-			row := []string{proxyTitle[proxy]}
-			any := false
-			for _, c := range peerColumns {
-				row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
-				if rec := p.find(wl.Name, proxy, c.metric); rec != nil {
-					any = true
-					if rec.Skip != "" && rec.Skip != overLimit && !strings.HasPrefix(rec.Skip, notMeasured) {
-						failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, rec.Skip))
-					}
+			row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
+			if rec := p.find(wl.Name, proxy, c.metric); rec != nil {
+				any = true
+				if rec.Skip != "" && rec.Skip != overLimit && !strings.HasPrefix(rec.Skip, notMeasured) {
+					failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, rec.Skip))
 				}
 			}
-			if any {
-				t.rows = append(t.rows, row)
-			}
 		}
-		row := []string{"nftproxy / fastest kube-proxy"}
-		for _, c := range peerColumns {
-			own, ok := p.value(wl.Name, proxyNftproxy, c.metric)
-			kp, _, over, ok2 := p.fastestKube(wl.Name, c.metric, p.LimitMS)
-			switch {
-			case !ok || !ok2 || kp <= 0:
-				row = append(row, "–")
-			case over:
-				row = append(row, fmt.Sprintf("< %.3g", own/kp))
-			default:
-				row = append(row, fmt.Sprintf("%.3g", own/kp))
-			}
+		if any {
+			t.rows = append(t.rows, row)
 		}
-		t.rows = append(t.rows, row)
-		t.write(b)
-		if p.find(wl.Name, proxyNftproxy, peerFullWhole) != nil {
-			w("nftproxy's full sync above is its IPv4 series, as kube-proxy's; the whole first sync, with the empty IPv6 table that kube-proxy's second proxier syncs apart (`%s`): %s.\n\n",
-				wholeSyncMetric, p.cell(wl.Name, proxyNftproxy, peerFullWhole, fmtMS))
-		}
-		w("![%s](%s)\n\n", wl.Title, peerPlotFile(wl.Name))
 	}
-	if len(failures) > 0 {
-		w("¹ Failed:\n\n")
-		for _, f := range failures {
-			w("- %s\n", f)
+	row := []string{"nftproxy / fastest kube-proxy"}
+	for _, c := range peerColumns {
+		own, ok := p.value(wl.Name, proxyNftproxy, c.metric)
+		kp, _, over, ok2 := p.fastestKube(wl.Name, c.metric, p.LimitMS)
+		switch {
+		case !ok || !ok2 || kp <= 0:
+			row = append(row, "–")
+		case over:
+			row = append(row, fmt.Sprintf("< %.3g", own/kp))
+		default:
+			row = append(row, fmt.Sprintf("%.3g", own/kp))
 		}
-		w("\n")
 	}
+	t.rows = append(t.rows, row)
+	t.write(b)
+	if p.find(wl.Name, proxyNftproxy, peerFullWhole) != nil {
+		w("nftproxy's full sync above is its IPv4 series, as kube-proxy's; the whole first sync, with the empty IPv6 table that kube-proxy's second proxier syncs apart (`%s`): %s.\n\n",
+			wholeSyncMetric, p.cell(wl.Name, proxyNftproxy, peerFullWhole, fmtMS))
+	}
+	w("![%s](%s)\n\n", wl.Title, peerPlotFile(wl.Name))
+	return failures
 }
 
 // writePeerFloor prints the API server's own share of the API write to
