@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -269,12 +268,13 @@ func (s *clusterScenario) startDaemon() {
 // writes a kubeconfig through it, acting as the daemon's ServiceAccount.
 func relayToAPIServer(t *testing.T, env *clusterEnv, ns *netns.NS) (*netns.Relay, string) {
 	t.Helper()
-	u, err := url.Parse(env.srv.URL)
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	r, err := env.srv.Relay(ns, clusterIdentity, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := startClusterRelay(t, ns, u.Host)
-	return r, clusterKubeconfig(t, env.srv.Kubeconfig, r.Addr())
+	t.Cleanup(r.Close)
+	return r, path
 }
 
 // startClusterRelay starts a relay from 127.0.0.1 in ns to target (the API
@@ -288,17 +288,6 @@ func startClusterRelay(t *testing.T, ns *netns.NS, target string) *netns.Relay {
 	}
 	t.Cleanup(r.Close)
 	return r
-}
-
-// clusterKubeconfig writes a copy of the admin kubeconfig that goes through
-// the relay and acts as the daemon's ServiceAccount.
-func clusterKubeconfig(t *testing.T, admin, relay string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := apiserver.RelayedKubeconfig(admin, relay, clusterIdentity, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // deleteAll deletes the scenario's Services and EndpointSlices. Without a

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,25 +62,6 @@ func startCluster(ctx context.Context) (*cluster, error) {
 }
 
 func (c *cluster) stop() { c.srv.Stop() }
-
-// relay serves the API server inside ns on a loopback port, and writes a
-// kubeconfig that reaches it there to path. The root namespace gets no
-// interface, address or rule: the relay listens from inside.
-func (c *cluster) relay(ns *netns.NS, path string) (*netns.Relay, error) {
-	u, err := url.Parse(c.srv.URL)
-	if err != nil {
-		return nil, fmt.Errorf("parse API server address: %w", err)
-	}
-	r, err := netns.StartRelay(ns, "127.0.0.1:0", u.Host)
-	if err != nil {
-		return nil, err
-	}
-	if err := apiserver.RelayedKubeconfig(c.srv.Kubeconfig, r.Addr(), "", path); err != nil {
-		r.Close()
-		return nil, err
-	}
-	return r, nil
-}
 
 func (c *cluster) init(ctx context.Context) error {
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}

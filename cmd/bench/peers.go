@@ -249,31 +249,28 @@ func (e *peerEnv) restore(ctx context.Context, k int) error {
 	return e.cluster.removeAdded(rctx, k)
 }
 
-func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) (err error) {
-	ns, err := netns.Create(nsPrefix)
-	if err != nil {
+func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) error {
+	return freshNS(func(ns *netns.NS) error {
+		kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
+		r, err := e.cluster.srv.Relay(ns, "", kubeconfig)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		p, err := startProxy(proxyTitle[proxy], ns, e.env[proxy], proxyCommand(proxy, e.bin, kubeconfig)...)
+		if err != nil {
+			return err
+		}
+		killed := false
+		defer func() { p.stop(killed, 5*time.Second) }()
+		m := &stepper{env: e, p: p, ns: ns, proxy: proxy, limit: e.o.stepLimit}
+		err = m.steps(ctx, k)
+		var step *errStep
+		if errors.As(err, &step) && step.reason == overLimit {
+			killed = true
+		}
 		return err
-	}
-	defer func() { err = errors.Join(err, ns.Close()) }()
-	kubeconfig := filepath.Join(e.tmp, fmt.Sprintf("kubeconfig-%d", k))
-	r, err := e.cluster.relay(ns, kubeconfig)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	p, err := startProxy(proxyTitle[proxy], ns, e.env[proxy], proxyCommand(proxy, e.bin, kubeconfig)...)
-	if err != nil {
-		return err
-	}
-	killed := false
-	defer func() { p.stop(killed, 5*time.Second) }()
-	m := &stepper{env: e, p: p, ns: ns, proxy: proxy, limit: e.o.stepLimit}
-	err = m.steps(ctx, k)
-	var step *errStep
-	if errors.As(err, &step) && step.reason == overLimit {
-		killed = true
-	}
-	return err
+	})
 }
 
 // stepper runs the three steps of one proxy.

@@ -185,7 +185,7 @@ func (s *soak) apiSource(ctx context.Context, binary string) (soakSink, []string
 	s.run.CreateRate = float64(services+slices) / time.Since(began).Seconds()
 	logf("soak: written in %s (%.0f objects/s)", time.Since(began).Round(time.Second), s.run.CreateRate)
 	kubeconfig := filepath.Join(s.tmp, "kubeconfig")
-	relay, err := c.relay(s.topo.Node, kubeconfig)
+	relay, err := c.srv.Relay(s.topo.Node, "", kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
