@@ -277,19 +277,6 @@ func relayToAPIServer(t *testing.T, env *clusterEnv, ns *netns.NS) (*netns.Relay
 	return r, path
 }
 
-// startClusterRelay starts a relay from 127.0.0.1 in ns to target (the API
-// server on the test's loopback; the node namespace has no route to the host,
-// on purpose) that stops when the test ends.
-func startClusterRelay(t *testing.T, ns *netns.NS, target string) *netns.Relay {
-	t.Helper()
-	r, err := netns.StartRelay(ns, "127.0.0.1:0", target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
-	return r
-}
-
 // deleteAll deletes the scenario's Services and EndpointSlices. Without a
 // namespace controller the namespace itself would never go away, so it stays.
 func (s *clusterScenario) deleteAll() {

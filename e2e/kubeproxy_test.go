@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
@@ -42,23 +40,13 @@ func kubeProxyBinary(t *testing.T) string {
 func startReferenceKubeProxy(t *testing.T, env *clusterEnv, ns *netns.NS, config string) *Daemon {
 	t.Helper()
 	bin := kubeProxyBinary(t)
-	u, err := url.Parse(env.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay := startClusterRelay(t, ns, u.Host)
-	cfg, err := clientcmd.LoadFromFile(env.srv.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + relay.Addr()
-	}
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+	relay, err := env.srv.Relay(ns, "", kubeconfig)
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(relay.Close)
 	file := filepath.Join(dir, "kube-proxy.yaml")
 	body := fmt.Sprintf("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
 		"clientConnection:\n  kubeconfig: %s\nhostnameOverride: %s\n"+
