@@ -31,6 +31,8 @@ declare -A images=(
 	[agnhost]=registry.k8s.io/e2e-test-images/agnhost:2.63.0
 	[busybox]=registry.k8s.io/e2e-test-images/busybox:1.37.0-1
 	[coredns]=registry.k8s.io/coredns/coredns:${coredns_version}
+	# The Conntrack invalid-state spec's server (raw sockets, Go).
+	[regression-issue-74839]=registry.k8s.io/e2e-test-images/regression-issue-74839:1.4
 )
 
 mkdir -p "$out"
@@ -54,7 +56,7 @@ export CGO_ENABLED=0
 
 programs() {
 	local missing=() b
-	for b in kubelet kube-scheduler kubectl agnhost; do
+	for b in kubelet kube-scheduler kubectl agnhost regression-issue-74839; do
 		[[ -x "$out/$b" ]] || missing+=("$b")
 	done
 	cd "$tools"
@@ -63,7 +65,7 @@ programs() {
 		local pkgs=() p
 		for p in "${missing[@]}"; do
 			case $p in
-			agnhost) pkgs+=(k8s.io/kubernetes/test/images/agnhost) ;;
+			agnhost | regression-issue-74839) pkgs+=("k8s.io/kubernetes/test/images/$p") ;;
 			*) pkgs+=("k8s.io/kubernetes/cmd/$p") ;;
 			esac
 		done
@@ -154,6 +156,12 @@ build_images() {
 		mkdir -p "$root"
 		cp "$out/coredns" "$root/coredns"
 		pack coredns "$root" /coredns
+	fi
+	if [[ ! -s "$out/images/regression-issue-74839.tar" ]]; then
+		root="$stage/regression-root"
+		mkdir -p "$root"
+		cp "$out/regression-issue-74839" "$root/regression-issue-74839"
+		pack regression-issue-74839 "$root" /regression-issue-74839
 	fi
 	rm -rf "$out/image"
 }

@@ -31,7 +31,7 @@ func bins(t *testing.T) string {
 		home, _ := os.UserHomeDir()
 		dir = filepath.Join(home, ".cache", "nftproxy", "conformance-v1.36.3")
 	}
-	for _, f := range []string{"kubelet", "kube-scheduler", "kubectl", "e2e.test", "images/pause.tar", "images/agnhost.tar", "images/coredns.tar"} {
+	for _, f := range []string{"kubelet", "kube-scheduler", "kubectl", "e2e.test", "images/pause.tar", "images/agnhost.tar", "images/coredns.tar", "images/regression-issue-74839.tar"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Fatalf("%v: run e2e/conformance/build.sh (make conformance does)", err)
 		}
@@ -129,7 +129,10 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes := 2
+	nodes, err := strconv.Atoi(envOr("CONFORMANCE_NODES", "2"))
+	if err != nil {
+		t.Fatalf("CONFORMANCE_NODES: %v", err)
+	}
 	procs, err := strconv.Atoi(envOr("CONFORMANCE_PROCS", "3"))
 	if err != nil {
 		t.Fatalf("CONFORMANCE_PROCS: %v", err)
