@@ -10,7 +10,8 @@ import (
 // changesScript writes c as one nft script, in the order ApplyChanges sends
 // it, so `nft -f` applies the same change in one transaction. New sets and
 // rewritten chains are declared through nftmodel.Render; elements are
-// written here, since the model renders them only inside whole sets.
+// written here (their values through nftmodel.RenderValues), since the
+// model renders them only inside whole sets.
 func changesScript(f m.Family, table string, c *m.Changes) string {
 	var b strings.Builder
 	exists := map[string]bool{}
@@ -49,7 +50,7 @@ func writeElements(b *strings.Builder, verb string, f m.Family, table string, se
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(nftValues(se.Key, e.Key))
+		b.WriteString(m.RenderValues(se.Key, e.Key))
 		if !values {
 			continue
 		}
@@ -60,25 +61,10 @@ func writeElements(b *strings.Builder, verb string, f m.Family, table string, se
 		case e.Verdict != nil:
 			b.WriteString(" : " + nftVerdict(*e.Verdict))
 		case len(se.Data) > 0:
-			b.WriteString(" : " + nftValues(se.Data, e.Data))
+			b.WriteString(" : " + m.RenderValues(se.Data, e.Data))
 		}
 	}
 	b.WriteString(" }\n")
-}
-
-func nftValues(types []m.DataType, vals []m.Value) string {
-	parts := make([]string, len(vals))
-	for i, v := range vals {
-		switch types[i] {
-		case m.TypeIPv4Addr, m.TypeIPv6Addr:
-			parts[i] = v.Addr.String()
-		case m.TypeInetProto:
-			parts[i] = map[uint32]string{6: "tcp", 17: "udp", 132: "sctp"}[v.Num]
-		default:
-			parts[i] = fmt.Sprint(v.Num)
-		}
-	}
-	return strings.Join(parts, " . ")
 }
 
 func nftVerdict(v m.Verdict) string {
