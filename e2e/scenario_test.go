@@ -4,13 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/e2e/manifest"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
@@ -188,46 +188,8 @@ func (sp svcSpec) yaml() string {
 			sp.targetPort = 5353
 		}
 	}
-	typ, np := "ClusterIP", ""
-	if sp.nodePort != 0 {
-		typ, np = "NodePort", fmt.Sprintf("\n    nodePort: %d", sp.nodePort)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: v1
-kind: Service
-metadata:
-  name: %[1]s
-  namespace: default
-spec:
-  type: %[2]s
-  clusterIP: %[3]s
-  clusterIPs: [%[3]s]
-  ports:
-  - name: p
-    protocol: %[4]s
-    port: %[5]d
-    targetPort: %[6]d%[7]s
-%[8]s---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: %[1]s-1
-  namespace: default
-  labels:
-    kubernetes.io/service-name: %[1]s
-    endpointslice.kubernetes.io/managed-by: e2e
-addressType: IPv4
-ports:
-- name: p
-  protocol: %[4]s
-  port: %[6]d
-endpoints:
-`, sp.name, typ, sp.clusterIP, sp.proto, sp.port, sp.targetPort, np, sp.extraSpec)
-	if len(sp.endpoints) == 0 {
-		return strings.TrimSuffix(b.String(), "\n") + " []\n"
-	}
-	for _, a := range sp.endpoints {
-		fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: true}\n  nodeName: node-1\n", a)
-	}
-	return b.String()
+	return manifest.Service{Namespace: "default", Name: sp.name, ClusterIP: sp.clusterIP, Proto: sp.proto, PortName: "p",
+		Port: sp.port, TargetPort: sp.targetPort, NodePort: sp.nodePort, ExtraSpec: sp.extraSpec,
+		Slice: sp.name + "-1", ManagedBy: "e2e", Endpoints: sp.endpoints,
+		Endpoint: "  conditions: {ready: true}\n  nodeName: node-1\n"}.YAML()
 }

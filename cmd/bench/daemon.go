@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nftproxy/nftproxy/e2e/manifest"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
 )
@@ -291,48 +291,19 @@ func abs(x int) int { return max(x, -x) }
 // writeManifests writes the snapshot's services as Service and EndpointSlice
 // manifests, in one file.
 func writeManifests(path string, snap *k8s.Snapshot) error {
-	var b bytes.Buffer
+	var b strings.Builder
 	for _, sp := range snap.Services {
-		typ, nodePortLine := "ClusterIP", ""
-		if sp.NodePort != 0 {
-			typ, nodePortLine = "NodePort", fmt.Sprintf("\n    nodePort: %d", sp.NodePort)
-		}
-		fmt.Fprintf(&b, `apiVersion: v1
-kind: Service
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-spec:
-  type: %[3]s
-  clusterIP: %[4]s
-  clusterIPs: [%[4]s]
-  ports:
-  - name: %[5]s
-    protocol: TCP
-    port: %[6]d
-    targetPort: %[7]d%[8]s
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: %[1]s-bench
-  namespace: %[2]s
-  labels:
-    kubernetes.io/service-name: %[1]s
-    endpointslice.kubernetes.io/managed-by: nftproxy-bench
-addressType: IPv4
-ports:
-- name: %[5]s
-  protocol: TCP
-  port: %[7]d
-endpoints:
-`, sp.Name.Name, sp.Name.Namespace, typ, sp.ClusterIPs[0], sp.Name.Port, sp.Port, endpointPort, nodePortLine)
+		ms := manifest.Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, ClusterIP: sp.ClusterIPs[0].String(), Proto: "TCP",
+			PortName: sp.Name.Port, Port: int(sp.Port), TargetPort: endpointPort, NodePort: int(sp.NodePort),
+			Slice: sp.Name.Name + "-bench", ManagedBy: benchManagedBy,
+			Endpoint: "  conditions: {ready: true, serving: true, terminating: false}\n"}
 		for _, e := range sp.Endpoints {
-			fmt.Fprintf(&b, "- addresses: [%s]\n  conditions: {ready: true, serving: true, terminating: false}\n", e.Addr)
+			ms.Endpoints = append(ms.Endpoints, e.Addr.String())
 		}
+		b.WriteString(ms.YAML())
 		b.WriteString("---\n")
 	}
-	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("write manifests: %w", err)
 	}
 	return nil
