@@ -129,7 +129,7 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes, err := strconv.Atoi(envOr("CONFORMANCE_NODES", "2"))
+	nodes, err := strconv.Atoi(envOr("CONFORMANCE_NODES", "3"))
 	if err != nil {
 		t.Fatalf("CONFORMANCE_NODES: %v", err)
 	}
