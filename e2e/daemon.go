@@ -33,6 +33,17 @@ func Build(dir string) (string, error) {
 	return out, nil
 }
 
+// BuildImage runs `make image` into dir with the given make variables
+// (VERSION=..., IMAGE_NAME=...) and returns the OCI archive it wrote.
+func BuildImage(dir string, vars ...string) (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("make", append([]string{"-C", filepath.Dir(filepath.Dir(file)), "image", "BIN=" + dir}, vars...)...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("make image: %w: %s", err, b)
+	}
+	return filepath.Join(dir, "nftproxy-image.tar"), nil
+}
+
 // RunTests is a TestMain for the kernel tiers: unless -short or the machine
 // can't make network namespaces, it builds nftproxy into a temporary
 // directory and sets *binary to its path (else leaves it empty, and the tests

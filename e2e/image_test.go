@@ -201,15 +201,11 @@ func TestImage(t *testing.T) {
 	if binary == "" {
 		t.Skip("needs root and network namespaces: " + netns.Usable())
 	}
-	_, file, _, _ := runtime.Caller(0)
-	repo := filepath.Dir(filepath.Dir(file))
-	out := t.TempDir()
 	start := time.Now()
-	cmd := exec.Command("make", "-C", repo, "image", "BIN="+out, "VERSION=v0.0.0-test", "COMMIT=0123abcd")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make image: %v\n%s", err, b)
+	archive, err := BuildImage(t.TempDir(), "VERSION=v0.0.0-test", "COMMIT=0123abcd")
+	if err != nil {
+		t.Fatal(err)
 	}
-	archive := filepath.Join(out, "nftproxy-image.tar")
 	st, err := os.Stat(archive)
 	if err != nil {
 		t.Fatal(err)

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
@@ -21,16 +21,11 @@ import (
 // "nftproxy" becomes.
 const imageTag = "conformance"
 
-// BuildImage runs `make image` into dir and returns the OCI archive, the
-// image an operator ships.
+// BuildImage builds the image an operator ships, under the name and tag
+// the nodes' runtime is asked for (kubelet asks for the DaemonSet's
+// "nftproxy" in full).
 func BuildImage(dir string) (string, error) {
-	root := filepath.Join(sourceDir(), "..", "..")
-	// kubelet asks the runtime for the DaemonSet's "nftproxy" in full.
-	cmd := exec.Command("make", "-C", root, "BIN="+dir, "IMAGE_NAME=docker.io/library/nftproxy", "VERSION="+imageTag, "image")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("make image: %w: %s", err, out)
-	}
-	return filepath.Join(dir, "nftproxy-image.tar"), nil
+	return e2e.BuildImage(dir, "IMAGE_NAME=docker.io/library/nftproxy", "VERSION="+imageTag)
 }
 
 // DaemonSet deploys nftproxy as operators do: `kubectl apply -k` of an
