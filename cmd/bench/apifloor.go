@@ -19,9 +19,79 @@ import (
 // server takes to store a write and send it to a watcher.
 const proxyAPIWatch = "api-watch"
 
+// bareWatch is a client-go watch of the bench's own on the one object a
+// step writes: when its event arrives is when the API server had the write
+// stored and sent, which no proxy's watch can beat.
+type bareWatch struct {
+	done chan struct{}
+	at   time.Time
+	err  error
+}
+
+// watchStep opens bare watches for the endpoint or the service step of run
+// k: the endpoint step's EndpointSlice modified to hold addr, or the k-th
+// added Service created. Pass an invalid addr for the service step.
+func (e *peerEnv) watchStep(ctx context.Context, k int, addr netip.Addr) (*bareWatch, error) {
+	if e.watcher == nil {
+		cfg := *e.cluster.srv.RestConfig
+		cfg.ContentType = "application/vnd.kubernetes.protobuf" // as nftproxy and kube-proxy ask
+		c, err := kubernetes.NewForConfig(&cfg)
+		if err != nil {
+			return nil, fmt.Errorf("make watch client: %w", err)
+		}
+		e.watcher = c
+	}
+	var (
+		w     watch.Interface
+		err   error
+		match func(watch.Event) bool
+	)
+	if addr.IsValid() {
+		s := &e.w.services[e.w.stepService()]
+		name := sliceName(s.name, len(s.slices())-1)
+		w, err = e.watcher.DiscoveryV1().EndpointSlices(benchNamespace).Watch(ctx, byName(name))
+		match = func(ev watch.Event) bool {
+			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			return ok && ev.Type == watch.Modified && sliceHas(es, addr)
+		}
+	} else {
+		w, err = e.watcher.CoreV1().Services(benchNamespace).Watch(ctx, byName(addedServiceName(k)))
+		match = func(ev watch.Event) bool { return ev.Type == watch.Added }
+	}
+	if err != nil {
+		return nil, fmt.Errorf("watch the step's object: %w", err)
+	}
+	b := &bareWatch{done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if match(ev) {
+				b.at = time.Now()
+				return
+			}
+		}
+		b.err = fmt.Errorf("watch ended before the change came")
+	}()
+	return b, nil
+}
+
+func byName(name string) metav1.ListOptions {
+	return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
+}
+
+// arrived returns when the event came; the watch ends with ctx.
+func (b *bareWatch) arrived(ctx context.Context) (time.Time, error) {
+	select {
+	case <-b.done:
+		return b.at, b.err
+	case <-ctx.Done():
+		return time.Time{}, fmt.Errorf("wait for the bare watch: %w", ctx.Err())
+	}
+}
+
 // apiFloor times the endpoint and the service step's writes to a bare watch
-// (protobuf, straight to the API server on loopback, where the proxies go
-// through a relay), then puts the API state back as a proxy run does.
+// with no proxy running, then puts the API state back as a proxy run does.
 func (e *peerEnv) apiFloor(ctx context.Context) error {
 	k := e.runIndex
 	e.runIndex++
@@ -30,61 +100,36 @@ func (e *peerEnv) apiFloor(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	i := e.w.stepService()
-	s := &e.w.services[i]
 	addr := replacementEndpoint(k)
-	cfg := *e.cluster.srv.RestConfig
-	cfg.ContentType = "application/vnd.kubernetes.protobuf" // as nftproxy and kube-proxy ask
-	watcher, err := kubernetes.NewForConfig(&cfg)
-	if err != nil {
-		return fmt.Errorf("make watch client: %w", err)
-	}
-	sliceAPI := watcher.DiscoveryV1().EndpointSlices(benchNamespace)
-	sw, err := sliceAPI.Watch(wctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", sliceName(s.name, len(s.slices())-1)).String()})
-	if err != nil {
-		return fmt.Errorf("watch endpoint slice: %w", err)
-	}
-	var t0 time.Time
-	if _, err := e.cluster.replaceEndpoint(wctx, e.w, i, addr, func() { t0 = time.Now() }); err != nil {
-		sw.Stop()
-		return err
-	}
-	at, err := firstEvent(sw, func(ev watch.Event) bool {
-		es, ok := ev.Object.(*discoveryv1.EndpointSlice)
-		return ok && ev.Type == watch.Modified && sliceHas(es, addr)
-	})
-	if err != nil {
-		return fmt.Errorf("endpoint step: %w", err)
-	}
-	e.run.add(e.w.spec.name, proxyAPIWatch, peerEndpointWal, ms(at.Sub(t0)), 0)
-
-	name := addedServiceName(k)
-	vw, err := watcher.CoreV1().Services(benchNamespace).Watch(wctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	if err != nil {
-		return fmt.Errorf("watch service: %w", err)
-	}
-	t0 = time.Now()
-	if err := e.cluster.createAddedService(wctx, k); err != nil {
-		vw.Stop()
-		return err
-	}
-	if at, err = firstEvent(vw, func(ev watch.Event) bool { return ev.Type == watch.Added }); err != nil {
-		return fmt.Errorf("service step: %w", err)
-	}
-	e.run.add(e.w.spec.name, proxyAPIWatch, peerServiceWall, ms(at.Sub(t0)), 0)
-	return e.restore(ctx, k)
-}
-
-// firstEvent returns when the watch delivered the first event match takes,
-// and stops the watch.
-func firstEvent(w watch.Interface, match func(watch.Event) bool) (time.Time, error) {
-	defer w.Stop()
-	for ev := range w.ResultChan() {
-		if match(ev) {
-			return time.Now(), nil
+	for _, step := range []struct {
+		metric string
+		addr   netip.Addr
+		write  func(func()) error
+	}{
+		{peerEndpointWal, addr, func(before func()) error {
+			_, err := e.cluster.replaceEndpoint(wctx, e.w, e.w.stepService(), addr, before)
+			return err
+		}},
+		{peerServiceWall, netip.Addr{}, func(before func()) error {
+			before()
+			return e.cluster.createAddedService(wctx, k)
+		}},
+	} {
+		bw, err := e.watchStep(wctx, k, step.addr)
+		if err != nil {
+			return err
 		}
+		var t0 time.Time
+		if err := step.write(func() { t0 = time.Now() }); err != nil {
+			return err
+		}
+		at, err := bw.arrived(wctx)
+		if err != nil {
+			return fmt.Errorf("time %s to a bare watch: %w", step.metric, err)
+		}
+		e.run.add(e.w.spec.name, proxyAPIWatch, step.metric, ms(at.Sub(t0)), 0)
 	}
-	return time.Time{}, fmt.Errorf("watch ended before the change came")
+	return e.restore(ctx, k)
 }
 
 func sliceHas(es *discoveryv1.EndpointSlice, addr netip.Addr) bool {

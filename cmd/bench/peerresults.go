@@ -44,8 +44,10 @@ const (
 	peerFullWhole   = "full-sync-all" // ms, nftproxy's first sync, both families' tables (wholeSyncMetric)
 	peerEndpoint    = "endpoint-sync" // ms, the sync(s) one replaced endpoint caused
 	peerEndpointWal = "endpoint-wall" // ms, API write to the new endpoint in the kernel
+	peerEndpointOwn = "endpoint-own"  // ms, a bare watch's event to the new endpoint in the kernel
 	peerService     = "service-sync"  // ms, the sync(s) one added service caused
 	peerServiceWall = "service-wall"  // ms, API write to the new ClusterIP in the kernel
+	peerServiceOwn  = "service-own"   // ms, a bare watch's event to the new ClusterIP in the kernel
 	peerRSS         = "rss"           // MiB, VmRSS once the full sync settled
 	peerPeak        = "peak-rss"      // MiB, VmHWM at the end
 )

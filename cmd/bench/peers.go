@@ -13,6 +13,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/e2e/prom"
+	"k8s.io/client-go/kubernetes"
 )
 
 // The peers phase: nftproxy against the real kube-proxy, each run alone in
@@ -45,7 +46,8 @@ type peerEnv struct {
 	cluster  *cluster
 	w        *workload
 	run      *PeerRun
-	runIndex int // counts proxy runs: each adds its own service and endpoint
+	runIndex int                   // counts proxy runs: each adds its own service and endpoint
+	watcher  *kubernetes.Clientset // the bare watches' client, of cluster
 }
 
 func peersPhase(res *Results, o *options) error {
@@ -148,7 +150,7 @@ func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 	}
 	logf("peers, %s: written in %s", spec.name, time.Since(began).Round(time.Second))
 	e.run.Workloads = replaceWorkload(e.run.Workloads, info)
-	e.cluster, e.w = c, w
+	e.cluster, e.w, e.watcher = c, w, nil
 	for _, proxy := range proxies {
 		for run := range e.o.peerRuns {
 			logf("peers, %s: %s%s", spec.name, proxyTitle[proxy], runOf(run, e.o.peerRuns))
@@ -215,7 +217,7 @@ func (e *peerEnv) proxy(ctx context.Context, proxy string) error {
 	var step *errStep
 	if errors.As(err, &step) {
 		logf("  %s", step)
-		for _, m := range []string{peerStart, peerFullSync, peerRSS, peerEndpointWal, peerEndpoint, peerServiceWall, peerService, peerPeak} {
+		for _, m := range []string{peerStart, peerFullSync, peerRSS, peerEndpointWal, peerEndpointOwn, peerEndpoint, peerServiceWall, peerServiceOwn, peerService, peerPeak} {
 			if e.run.find(e.w.spec.name, proxy, m) == nil {
 				if m == step.metric || (m == peerStart && step.metric == peerFullSync) {
 					rec := PeerRecord{Workload: e.w.spec.name, Proxy: proxy, Metric: m, Skip: step.reason}
@@ -314,32 +316,25 @@ func (s *stepper) steps(ctx context.Context, k int) error {
 	}
 	s.record(peerRSS, rss, 0)
 
+	// The bare watches end with the steps.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	// One endpoint replaced.
-	i := w.stepService()
 	addr := replacementEndpoint(k)
-	var t0 time.Time
-	watch, err := s.watch(kernelChange{addr: addr.As4(), text: "--to-destination " + netip.AddrPortFrom(addr, endpointPort).String()})
+	base, err = s.change(ctx, kernelChange{addr: addr.As4(), text: "--to-destination " + netip.AddrPortFrom(addr, endpointPort).String()}, k, addr, base, func(before func()) error {
+		_, err := s.env.cluster.replaceEndpoint(ctx, w, w.stepService(), addr, before)
+		return err
+	}, peerEndpoint, peerEndpointWal, peerEndpointOwn)
 	if err != nil {
-		return err
-	}
-	if _, err := s.env.cluster.replaceEndpoint(ctx, w, i, addr, func() { t0 = time.Now() }); err != nil {
-		watch.close()
-		return err
-	}
-	if base, err = s.change(ctx, watch, base, t0, peerEndpoint, peerEndpointWal); err != nil {
 		return err
 	}
 	// One service added (its EndpointSlice is already there).
 	ip := addedClusterIP(k)
-	if watch, err = s.watch(kernelChange{addr: ip.As4(), text: "-d " + ip.String() + "/32"}); err != nil {
-		return err
-	}
-	t0 = time.Now()
-	if err := s.env.cluster.createAddedService(ctx, k); err != nil {
-		watch.close()
-		return err
-	}
-	if _, err = s.change(ctx, watch, base, t0, peerService, peerServiceWall); err != nil {
+	_, err = s.change(ctx, kernelChange{addr: ip.As4(), text: "-d " + ip.String() + "/32"}, k, netip.Addr{}, base, func(before func()) error {
+		before()
+		return s.env.cluster.createAddedService(ctx, k)
+	}, peerService, peerServiceWall, peerServiceOwn)
+	if err != nil {
 		return err
 	}
 	_, peak, err := s.p.Memory()
@@ -358,13 +353,29 @@ func (s *stepper) watch(c kernelChange) (kernelWatch, error) {
 	return watchNft(s.ns, c)
 }
 
-// change times one step: the wall time from t0 (just before the API write)
-// to the change in the kernel, and the syncs the histogram gained until it
+// change makes one step's API write (write calls before just before it)
+// and times it: the wall time from the write to the change c in the kernel;
+// the proxy's own share of it, from the bare watch's event (watchStep of k
+// and addr) to the kernel; and the syncs the histogram gained until it
 // settled.
-func (s *stepper) change(ctx context.Context, watch kernelWatch, base prom.Histogram, t0 time.Time, syncMetric, wallMetric string) (prom.Histogram, error) {
+func (s *stepper) change(ctx context.Context, c kernelChange, k int, addr netip.Addr, base prom.Histogram, write func(before func()) error, syncMetric, wallMetric, ownMetric string) (prom.Histogram, error) {
+	watch, err := s.watch(c)
+	if err != nil {
+		return base, err
+	}
+	bare, err := s.env.watchStep(ctx, k, addr)
+	if err != nil {
+		watch.close()
+		return base, err
+	}
+	var t0 time.Time
+	if err := write(func() { t0 = time.Now() }); err != nil {
+		watch.close()
+		return base, err
+	}
 	wctx, cancel := context.WithDeadline(ctx, t0.Add(s.limit))
+	defer cancel()
 	at, err := watch.seen(wctx)
-	cancel()
 	watch.close()
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -372,7 +383,12 @@ func (s *stepper) change(ctx context.Context, watch kernelWatch, base prom.Histo
 		}
 		return base, err
 	}
+	watched, err := bare.arrived(wctx)
+	if err != nil {
+		return base, err
+	}
 	s.record(wallMetric, ms(at.Sub(t0)), 0)
+	s.record(ownMetric, ms(at.Sub(watched)), 0)
 	after, err := s.settleAfter(ctx, base, syncMetric)
 	if err != nil {
 		return base, err

@@ -19,6 +19,8 @@ var peerTargets = []struct {
 	{peerEndpoint, "one-endpoint-change sync", 0.01},
 	{peerEndpointWal, "endpoint change, API write to kernel", 0.01},
 	{peerServiceWall, "service add, API write to kernel", 0.02},
+	{peerEndpointOwn, "endpoint change, own share", 0.02},
+	{peerServiceOwn, "service add, own share", 0.05},
 }
 
 // peerColumns are the per-workload table's figures, in order.
@@ -153,6 +155,7 @@ func (r *Results) writePeers(b *strings.Builder) {
 
 	r.writePeerTargets(w, b)
 	r.writePeerFloor(w, b)
+	r.writePeerOwnShare(w, b)
 
 	r.writePeerScaling(w, b)
 
@@ -276,6 +279,45 @@ func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 	}
 	w("The API write to kernel figures include the API server's own work. A bare watch on the changed object (the row *%s* in each workload's table) receives the write this long after it was made, over the fastest kube-proxy mode's figure: no proxy can score below this.\n\n", proxyTitle[proxyAPIWatch])
 	(&table{head: []string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"}, rows: rows}).write(b)
+}
+
+// writePeerOwnShare prints each proxy's own share of the API write to
+// kernel: from the bare watch's event on the same write to the kernel.
+func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) {
+	p := r.Peers
+	proxies := append([]string{proxyNftproxy}, kubeProxies...)
+	var tables []*table
+	for _, step := range []struct{ metric, title string }{{peerEndpointOwn, "endpoint change"}, {peerServiceOwn, "service add"}} {
+		t := &table{head: []string{"workload"}}
+		for _, proxy := range proxies {
+			t.head = append(t.head, proxyTitle[proxy])
+		}
+		t.head = append(t.head, "nftproxy / fastest kube-proxy")
+		for _, wl := range p.Workloads {
+			if _, ok := p.value(wl.Name, proxyNftproxy, step.metric); !ok {
+				continue
+			}
+			row := []string{wl.Name}
+			for _, proxy := range proxies {
+				row = append(row, p.cell(wl.Name, proxy, step.metric, fmtMS))
+			}
+			text, _ := p.ratio(wl.Name, step.metric, 0)
+			row = append(row, text)
+			t.rows = append(t.rows, row)
+		}
+		if len(t.rows) > 0 {
+			t.head[0] = step.title + ": workload"
+			tables = append(tables, t)
+		}
+	}
+	if len(tables) == 0 {
+		return
+	}
+	w("### The proxy's own share\n\n")
+	w("Each proxy's API write to kernel figure minus what the API server took: during every proxy's steps the bench keeps a bare watch of its own on the object each step writes (as the row *%s*, but open beside the proxy's), and a cell is from that watch's event to the change in the kernel, on the same write in the same run. This is the part a proxy controls: its watch's decoding, its own work, and the kernel's commit. (The proxies' watches go through the relay, the bench's does not, so a share includes the relay's hop; for iptables-legacy the kernel time is late by up to one save, as above.)\n\n", proxyTitle[proxyAPIWatch])
+	for _, t := range tables {
+		t.write(b)
+	}
 }
 
 // writePeerScaling prints nftproxy's endpoint change against the number of
