@@ -287,12 +287,12 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 	p := r.Peers
 	proxies := append([]string{proxyNftproxy}, kubeProxies...)
 	var tables []*table
-	for _, step := range []struct{ metric, title string }{{peerEndpointOwn, "endpoint change"}, {peerServiceOwn, "service add"}} {
+	for _, step := range []struct{ metric, sync, title string }{{peerEndpointOwn, peerEndpoint, "endpoint change"}, {peerServiceOwn, peerService, "service add"}} {
 		t := &table{head: []string{"workload"}}
 		for _, proxy := range proxies {
 			t.head = append(t.head, proxyTitle[proxy])
 		}
-		t.head = append(t.head, "nftproxy / fastest kube-proxy")
+		t.head = append(t.head, "nftproxy / fastest kube-proxy", "nftproxy's share: its sync + the rest")
 		for _, wl := range p.Workloads {
 			if _, ok := p.value(wl.Name, proxyNftproxy, step.metric); !ok {
 				continue
@@ -302,7 +302,7 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 				row = append(row, p.cell(wl.Name, proxy, step.metric, fmtMS))
 			}
 			text, _ := p.ratio(wl.Name, step.metric, 0)
-			row = append(row, text)
+			row = append(row, text, p.shareSplit(wl.Name, step.metric, step.sync))
 			t.rows = append(t.rows, row)
 		}
 		if len(t.rows) > 0 {
@@ -314,10 +314,22 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 		return
 	}
 	w("### The proxy's own share\n\n")
-	w("Each proxy's API write to kernel figure minus what the API server took: during every proxy's steps the bench keeps a bare watch of its own on the object each step writes (as the row *%s*, but open beside the proxy's), and a cell is from that watch's event to the change in the kernel, on the same write in the same run. This is the part a proxy controls: its watch's decoding, its own work, and the kernel's commit. (The proxies' watches go through the relay, the bench's does not, so a share includes the relay's hop; for iptables-legacy the kernel time is late by up to one save, as above.)\n\n", proxyTitle[proxyAPIWatch])
+	w("Each proxy's API write to kernel figure minus what the API server took: during every proxy's steps the bench keeps a bare watch of its own on the object each step writes (as the row *%s*, but open beside the proxy's), and a cell is from that watch's event to the change in the kernel, on the same write in the same run. This is the part a proxy controls: its watch's decoding, its own work, and the kernel's commit. (The proxies' watches go through the relay, the bench's does not, so a share includes the relay's hop; for iptables-legacy the kernel time is late by up to one save, as above.) The last column splits nftproxy's share (medians of its runs) into its sync, from its histogram as in the sync columns, which holds the compile and the netlink commit, and the rest: the relay, decoding the watch event, the tracker, and the sync loop's wake-up. A service add's sync is mostly the kernel's: adding a `goto` to a verdict map makes the commit validate every verdict map element the table's rules reach (docs/design.md, \"What a service add costs the kernel\").\n\n", proxyTitle[proxyAPIWatch])
 	for _, t := range tables {
 		t.write(b)
 	}
+}
+
+// shareSplit prints nftproxy's own share as its sync (compile and the
+// netlink commit, from its histogram) plus the rest: the relay, decoding
+// the watch event, the tracker and the wake-up of the sync loop.
+func (p *PeerRun) shareSplit(workload, ownMetric, syncMetric string) string {
+	own, ok := p.value(workload, proxyNftproxy, ownMetric)
+	sync, ok2 := p.value(workload, proxyNftproxy, syncMetric)
+	if !ok || !ok2 {
+		return "–"
+	}
+	return fmt.Sprintf("%s + %s", fmtMS(sync), fmtMS(max(0, own-sync)))
 }
 
 // writePeerScaling prints nftproxy's endpoint change against the number of
