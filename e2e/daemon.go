@@ -20,13 +20,18 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
+	// This file is e2e/daemon.go.
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
 // Build compiles cmd/nftproxy into dir and returns the binary's path.
 func Build(dir string) (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
 	out := filepath.Join(dir, "nftproxy")
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/nftproxy")
-	cmd.Dir = root
+	cmd.Dir = RepoRoot()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build nftproxy: %w: %s", err, b)
 	}
@@ -36,8 +41,7 @@ func Build(dir string) (string, error) {
 // BuildImage runs `make image` into dir with the given make variables
 // (VERSION=..., IMAGE_NAME=...) and returns the OCI archive it wrote.
 func BuildImage(dir string, vars ...string) (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("make", append([]string{"-C", filepath.Dir(filepath.Dir(file)), "image", "BIN=" + dir}, vars...)...)
+	cmd := exec.Command("make", append([]string{"-C", RepoRoot(), "image", "BIN=" + dir}, vars...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("make image: %w: %s", err, b)
 	}

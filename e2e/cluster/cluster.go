@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -143,7 +142,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	deploy := opts.DeployDir
 	if deploy == "" {
-		deploy = filepath.Join(RepoRoot(), "deploy")
+		deploy = filepath.Join(e2e.RepoRoot(), "deploy")
 	}
 	for _, f := range []string{"serviceaccount.yaml", "rbac.yaml"} {
 		if err := c.Apply(ctx, filepath.Join(deploy, f)); err != nil {
@@ -173,13 +172,6 @@ func (c *Cluster) logf(format string, args ...any) {
 	if c.opts.Logf != nil {
 		c.opts.Logf(format, args...)
 	}
-}
-
-// RepoRoot is the repository's top directory.
-func RepoRoot() string {
-	// This file is e2e/cluster/cluster.go.
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
 }
 
 // waitSystemNamespace waits for kube-system, which kube-apiserver creates

@@ -99,7 +99,7 @@ func writeOverlay(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	base, err := filepath.Rel(dir, filepath.Join(sourceDir(), "..", "..", "deploy"))
+	base, err := filepath.Rel(dir, filepath.Join(e2e.RepoRoot(), "deploy"))
 	if err != nil {
 		return err
 	}
