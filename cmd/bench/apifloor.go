@@ -13,9 +13,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// proxyAPIWatch names the figures of no proxy at all: a client-go watch in
-// the bench receiving the same writes the proxies' steps make. Its API
-// write to kernel figures are the floor under every proxy's: what the API
+// proxyAPIWatch names the figures of no proxy at all: the bench's bare
+// watches beside every proxy's steps, from the write to their event. They
+// are the floor under every proxy's API write to kernel: what the API
 // server takes to store a write and send it to a watcher.
 const proxyAPIWatch = "api-watch"
 
@@ -88,48 +88,6 @@ func (b *bareWatch) arrived(ctx context.Context) (time.Time, error) {
 	case <-ctx.Done():
 		return time.Time{}, fmt.Errorf("wait for the bare watch: %w", ctx.Err())
 	}
-}
-
-// apiFloor times the endpoint and the service step's writes to a bare watch
-// with no proxy running, then puts the API state back as a proxy run does.
-func (e *peerEnv) apiFloor(ctx context.Context) error {
-	k := e.runIndex
-	e.runIndex++
-	if err := e.cluster.createAddedSlice(ctx, e.w, k); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	addr := replacementEndpoint(k)
-	for _, step := range []struct {
-		metric string
-		addr   netip.Addr
-		write  func(func()) error
-	}{
-		{peerEndpointWal, addr, func(before func()) error {
-			_, err := e.cluster.replaceEndpoint(wctx, e.w, e.w.stepService(), addr, before)
-			return err
-		}},
-		{peerServiceWall, netip.Addr{}, func(before func()) error {
-			before()
-			return e.cluster.createAddedService(wctx, k)
-		}},
-	} {
-		bw, err := e.watchStep(wctx, k, step.addr)
-		if err != nil {
-			return err
-		}
-		var t0 time.Time
-		if err := step.write(func() { t0 = time.Now() }); err != nil {
-			return err
-		}
-		at, err := bw.arrived(wctx)
-		if err != nil {
-			return fmt.Errorf("time %s to a bare watch: %w", step.metric, err)
-		}
-		e.run.add(e.w.spec.name, proxyAPIWatch, step.metric, ms(at.Sub(t0)), 0)
-	}
-	return e.restore(ctx, k)
 }
 
 func sliceHas(es *discoveryv1.EndpointSlice, addr netip.Addr) bool {

@@ -161,16 +161,9 @@ func (e *peerEnv) workload(spec workloadSpec, saved func()) error {
 		e.run.fold(spec.name, proxy)
 		saved()
 	}
-	if slices.Contains(proxies, proxyNftproxy) {
-		for run := range e.o.peerRuns {
-			logf("peers, %s: %s%s", spec.name, proxyTitle[proxyAPIWatch], runOf(run, e.o.peerRuns))
-			if err := e.apiFloor(ctx); err != nil {
-				return err
-			}
-		}
-		e.run.fold(spec.name, proxyAPIWatch)
-		saved()
-	}
+	// The bare watches beside every proxy's runs: the floor under all.
+	e.run.fold(spec.name, proxyAPIWatch)
+	saved()
 	return nil
 }
 
@@ -389,6 +382,7 @@ func (s *stepper) change(ctx context.Context, c kernelChange, k int, addr netip.
 	}
 	s.record(wallMetric, ms(at.Sub(t0)), 0)
 	s.record(ownMetric, ms(at.Sub(watched)), 0)
+	s.env.run.add(s.env.w.spec.name, proxyAPIWatch, wallMetric, ms(watched.Sub(t0)), 0)
 	after, err := s.settleAfter(ctx, base, syncMetric)
 	if err != nil {
 		return base, err
