@@ -562,12 +562,7 @@ func mergeEndpoints(eps []Endpoint) []Endpoint {
 	}
 	// Strictly increasing (sorted, no address and port twice) is kept as
 	// it is; read in place, as the endpoints are large.
-	increasing := true
-	for i := 1; i < len(eps) && increasing; i++ {
-		a, b := &eps[i-1], &eps[i]
-		increasing = cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port)) < 0
-	}
-	if increasing {
+	if strictlyIncreasing(eps) {
 		return eps
 	}
 	// Sorted through their indexes, the index breaking ties (the earlier
@@ -579,7 +574,7 @@ func mergeEndpoints(eps []Endpoint) []Endpoint {
 	}
 	slices.SortFunc(order, func(i, j int32) int {
 		a, b := &eps[i], &eps[j]
-		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(rank(b), rank(a)), cmp.Compare(i, j))
+		return cmp.Or(compareEndpointKeys(a, b), cmp.Compare(rank(b), rank(a)), cmp.Compare(i, j))
 	})
 	out := make([]Endpoint, 0, len(eps))
 	for _, i := range order {

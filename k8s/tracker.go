@@ -511,8 +511,11 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		if eps != nil || (old != nil && old.eps != nil) {
 			t.stats.EndpointChanges++
 		}
-		t.endpointsChanged(b, old)
-		t.endpointsChanged(b, e)
+		var oldEps *SliceEndpoints
+		if old != nil {
+			oldEps = old.eps
+		}
+		t.sliceChanged(b, oldEps, eps)
 		if eps != nil {
 			t.addTrigger(keyOf(eps.Namespace, eps.Service), slice)
 		}
@@ -548,7 +551,7 @@ func (t *Tracker) deleteSlice(b *batch, key types.NamespacedName) {
 	if old.eps != nil {
 		t.stats.EndpointChanges++
 	}
-	t.endpointsChanged(b, old)
+	t.sliceChanged(b, old.eps, nil)
 	if old.eps != nil {
 		// The annotation of a deleted slice tells when it last changed,
 		// not what deleting it took; kube-proxy forgets the service's too.
@@ -569,14 +572,29 @@ func (t *Tracker) unlinkSlice(key types.NamespacedName, e *sliceEntry) {
 	}
 }
 
-// endpointsChanged drops the merged ports of the service e's endpoints
-// belong to.
-func (t *Tracker) endpointsChanged(b *batch, e *sliceEntry) {
-	if e == nil || e.eps == nil {
+// sliceChanged notes that a slice went from old to new (nil: none): the
+// merged ports of its service are patched with the one slice when it stays
+// with its service, dropped otherwise, and its ports are dirty.
+func (t *Tracker) sliceChanged(b *batch, old, new *SliceEndpoints) {
+	if old != nil && new != nil && (old.Namespace != new.Namespace || old.Service != new.Service) {
+		t.endpointsChanged(b, old, nil)
+		t.endpointsChanged(b, nil, new)
 		return
 	}
-	key := keyOf(e.eps.Namespace, e.eps.Service)
-	delete(t.merged, key)
+	t.endpointsChanged(b, old, new)
+}
+
+// endpointsChanged brings the merged ports of the service of old and new
+// (one service) along, and marks its ports dirty.
+func (t *Tracker) endpointsChanged(b *batch, old, new *SliceEndpoints) {
+	of := cmp.Or(new, old)
+	if of == nil {
+		return
+	}
+	key := keyOf(of.Namespace, of.Service)
+	if !t.patchMerged(key, old, new) {
+		delete(t.merged, key)
+	}
 	if svc := t.services[key]; svc != nil {
 		for i := range svc.ports {
 			t.dirty[svc.ports[i].Name] = struct{}{}

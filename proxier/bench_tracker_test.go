@@ -151,8 +151,8 @@ func BenchmarkEndpointReplaced(b *testing.B) {
 	}
 }
 
-// wideSlice is the s-th of the 50 slices of 100 endpoints of one service of
-// 5,000 (trackerService(0)); alt replaces its last endpoint.
+// wideSlice is the s-th slice of 100 endpoints of one wide service
+// (trackerService(0)); alt replaces its last endpoint.
 func wideSlice(s int, alt bool) *discoveryv1.EndpointSlice {
 	ready := true
 	sl := &discoveryv1.EndpointSlice{
@@ -172,33 +172,41 @@ func wideSlice(s int, alt bool) *discoveryv1.EndpointSlice {
 }
 
 // BenchmarkTrackerWideEndpoint is BenchmarkTrackerSync's endpoint change in
-// one service of 5,000 endpoints in 50 slices: the tracker merges the
-// service's slices again, the proxier syncs the one port it hands over.
+// one service of n endpoints in slices of 100 (5,000: 50 slices): the
+// tracker takes the changed slice, the proxier syncs the one port it hands
+// over. Its growth with n is what an endpoint change still costs per
+// endpoint behind the service (docs/design.md, "What an endpoint change
+// costs").
 func BenchmarkTrackerWideEndpoint(b *testing.B) {
-	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-	var slices []*discoveryv1.EndpointSlice
-	for s := range 50 {
-		slices = append(slices, wideSlice(s, false))
-	}
-	tr.ReplaceAll([]*v1.Service{trackerService(0)}, slices, nil)
-	var k nopKernel
-	p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
-	tr.TakeChanges()
-	if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
-		b.Fatal(err)
-	}
-	steps := [2]*discoveryv1.EndpointSlice{wideSlice(25, true), wideSlice(25, false)}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		tr.SetSlice(steps[i%2])
-		if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
-	if k.deltas != i {
-		b.Fatalf("%d deltas for %d changes", k.deltas, i)
+	for _, n := range []int{100, 1000, 5000} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+			var slices []*discoveryv1.EndpointSlice
+			for s := range n / 100 {
+				slices = append(slices, wideSlice(s, false))
+			}
+			tr.ReplaceAll([]*v1.Service{trackerService(0)}, slices, nil)
+			var k nopKernel
+			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
+			tr.TakeChanges()
+			if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+				b.Fatal(err)
+			}
+			mid := n / 200
+			steps := [2]*discoveryv1.EndpointSlice{wideSlice(mid, true), wideSlice(mid, false)}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				tr.SetSlice(steps[i%2])
+				if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			if k.deltas != i {
+				b.Fatalf("%d deltas for %d changes", k.deltas, i)
+			}
+		})
 	}
 }
 

@@ -128,7 +128,7 @@ func (s *incremental) noteSlots(old, new *piece) {
 	}
 	for _, o := range new.slotOrders {
 		if !o.sorted() {
-			s.slots[o.key] = o.addrs()
+			s.slots[o.key] = o.order
 		}
 	}
 }
@@ -139,7 +139,7 @@ func (s *incremental) noteSlots(old, new *piece) {
 func (s *incremental) spellSlots(p *piece) {
 	for _, o := range p.slotOrders {
 		if o.sorted() {
-			s.slots[o.key] = o.addrs()
+			s.slots[o.key] = o.order
 		}
 	}
 }

@@ -14,7 +14,11 @@ import (
 // the freed slot so that the kernel changes one element, not every slot
 // after it. A service port whose endpoints sit in their sorted order (the
 // snapshot's) has no entry; Compile uses that order for every port.
-type Slots map[slotsKey][]netip.AddrPort
+//
+// An entry is the slot list itself, which points into a snapshot's
+// endpoints (never modified in place): a wide service's change keeps the new
+// order without copying thousands of addresses out of it.
+type Slots map[slotsKey]slotList
 
 // slotsKey names one list of endpoints a service port dispatches to: the
 // cluster-wide list, or the local one (ClusterIP traffic with
@@ -32,15 +36,6 @@ type slotOrder struct {
 
 // sorted tells whether the order is the snapshot's own.
 func (o slotOrder) sorted() bool { return o.order.perm == nil }
-
-// addrs is the order as Slots keeps it.
-func (o slotOrder) addrs() []netip.AddrPort {
-	out := make([]netip.AddrPort, o.order.len())
-	for i := range out {
-		out[i] = o.order.addrPort(i)
-	}
-	return out
-}
 
 // slotList is endpoints in slot order: eps as they are, or, with perm,
 // eps[perm[slot]] in each slot. A reordering costs a permutation, not a
@@ -70,8 +65,8 @@ func addrPort(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr
 // slots beyond len(eps) (a shrink moves the last one into the hole), then by
 // the new endpoints in their sorted order (a replacement takes the freed
 // slot; a growth appends). With no previous order the result is eps.
-func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) slotList {
-	if len(prev) == 0 {
+func nextSlots(prev slotList, eps []k8s.Endpoint) slotList {
+	if prev.len() == 0 {
 		return slotList{eps: eps}
 	}
 	find := indexOf(eps)
@@ -83,7 +78,8 @@ func nextSlots(prev []netip.AddrPort, eps []k8s.Endpoint) slotList {
 	// endpoint of a slot at the index the previous slot's had plus one:
 	// tried first, it spares most look-ups.
 	off := 0
-	for slot, a := range prev {
+	for slot := range prev.len() {
+		a := prev.addrPort(slot)
 		i, ok := slot+off, true
 		if i < 0 || i >= len(eps) || addrPort(&eps[i]) != a {
 			if i, ok = find(a); ok {

@@ -23,10 +23,10 @@ func eps(ns ...int) []k8s.Endpoint {
 	return out
 }
 
-func slotAddrs(es []k8s.Endpoint) []netip.AddrPort {
-	out := make([]netip.AddrPort, len(es))
-	for i := range es {
-		out[i] = addrPort(&es[i])
+func slotAddrs(l slotList) []netip.AddrPort {
+	out := make([]netip.AddrPort, l.len())
+	for i := range out {
+		out[i] = l.addrPort(i)
 	}
 	return out
 }
@@ -49,8 +49,8 @@ func TestNextSlots(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := nextSlots(slotAddrs(tt.prev), tt.eps)
-			if d := gocmp.Diff(fmt.Sprint(slotAddrs(tt.want)), fmt.Sprint(slotOrder{order: got}.addrs())); d != "" {
+			got := nextSlots(slotList{eps: tt.prev}, tt.eps)
+			if d := gocmp.Diff(fmt.Sprint(slotAddrs(slotList{eps: tt.want})), fmt.Sprint(slotAddrs(got))); d != "" {
 				t.Errorf("nextSlots (-want +got):\n%s", d)
 			}
 		})
