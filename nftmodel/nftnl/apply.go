@@ -136,7 +136,7 @@ type tableState struct {
 // Generation returns the namespace's ruleset generation, which every
 // nftables commit there increments.
 func Generation(conn *Conn) (uint32, error) {
-	gen, err := conn.lib.GetGen()
+	gen, err := conn.getGen()
 	if err != nil {
 		return 0, fmt.Errorf("get ruleset generation: %w", err)
 	}
@@ -151,7 +151,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		return nil, err
 	}
 	k := &tableState{gen: gen}
-	kt, err := conn.lib.ListTableOfFamily(t.Name, t.Family)
+	kt, err := conn.listTable(t.Name, t.Family)
 	if errors.Is(err, unix.ENOENT) {
 		return k, nil // no such table
 	}
@@ -159,7 +159,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		return nil, fmt.Errorf("get table: %w", err)
 	}
 	k.flags = kt.Flags
-	sets, err := conn.lib.GetSets(t)
+	sets, err := conn.getSets(t)
 	if errors.Is(err, unix.ENOENT) {
 		return &tableState{gen: gen}, nil // gone since; the generation will tell
 	}
@@ -173,7 +173,7 @@ func readTable(conn *Conn, t *nftables.Table) (*tableState, error) {
 		}
 	}
 	// The kernel dumps the chains of every table of the family.
-	chains, err := conn.lib.ListChainsOfTableFamily(t.Family)
+	chains, err := conn.listChains(t.Family)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}

@@ -275,7 +275,7 @@ func (b *batch) learnSets(c *nftmodel.Changes) error {
 				b.types[se.Set] = &nftmodel.Set{Name: se.Set, Key: se.Key, Data: se.Data, Timeout: se.Timeout, Interval: se.Interval}
 				continue
 			}
-			ls, err := b.conn.lib.GetSetByName(b.table, se.Set)
+			ls, err := b.conn.getSetByName(b.table, se.Set)
 			if err != nil {
 				return fmt.Errorf("get set %s: %w", se.Set, err)
 			}

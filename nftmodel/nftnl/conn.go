@@ -21,7 +21,9 @@ import (
 // The library's connection stays inside: callers get what nftproxy needs of
 // the kernel, as the functions of this package, and nothing else.
 type Conn struct {
-	lib *nftables.Conn
+	// lib is reached through the methods below, which hold libMu.
+	lib   *nftables.Conn
+	libMu sync.Mutex
 	// open opens a batch socket: in the connection's namespace, or in
 	// tests one that hands the batches to a test dialer.
 	open func() (BatchSocket, error)
@@ -91,7 +93,57 @@ func (c *Conn) Close() error {
 	if sock != nil {
 		err = sock.Close()
 	}
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
 	return errors.Join(err, c.lib.CloseLasting())
+}
+
+// The library's requests, one at a time. Its lasting socket is shared by
+// the sync loop and the /metrics scrape (rule counters): two requests in
+// flight at once read each other's replies, which fails one ("mismatched
+// sequence in netlink reply") and leaves the other waiting for a reply that
+// was taken, for good (TestConcurrentReadsAndApplies).
+
+func (c *Conn) getGen() (*nftables.Gen, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.GetGen()
+}
+
+func (c *Conn) listTable(name string, f nftables.TableFamily) (*nftables.Table, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.ListTableOfFamily(name, f)
+}
+
+func (c *Conn) getSets(t *nftables.Table) ([]*nftables.Set, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.GetSets(t)
+}
+
+func (c *Conn) listChains(f nftables.TableFamily) ([]*nftables.Chain, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.ListChainsOfTableFamily(f)
+}
+
+func (c *Conn) getRules(t *nftables.Table, ch *nftables.Chain) ([]*nftables.Rule, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.GetRules(t, ch)
+}
+
+func (c *Conn) getSetByName(t *nftables.Table, name string) (*nftables.Set, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.GetSetByName(t, name)
+}
+
+func (c *Conn) getSetElements(s *nftables.Set) ([]nftables.SetElement, error) {
+	c.libMu.Lock()
+	defer c.libMu.Unlock()
+	return c.lib.GetSetElements(s)
 }
 
 // TableChain names a chain and its table.
@@ -100,7 +152,7 @@ type TableChain struct{ Table, Chain string }
 // Chains lists the chains of every table of the family, whoever wrote them
 // (iptables-nft, for one).
 func (c *Conn) Chains(f nftmodel.Family) ([]TableChain, error) {
-	cs, err := c.lib.ListChainsOfTableFamily(libFamily(f))
+	cs, err := c.listChains(libFamily(f))
 	if err != nil {
 		return nil, fmt.Errorf("list %s chains: %w", f, err)
 	}

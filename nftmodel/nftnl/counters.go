@@ -16,7 +16,7 @@ import (
 // reads. A missing table or chain counts nothing.
 func CounterPackets(conn *Conn, family nftmodel.Family, table, chain string) (uint64, error) {
 	t := &nftables.Table{Name: table, Family: libFamily(family)}
-	rules, err := conn.lib.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+	rules, err := conn.getRules(t, &nftables.Chain{Name: chain, Table: t})
 	if errors.Is(err, unix.ENOENT) {
 		return 0, nil
 	}

@@ -1,8 +1,10 @@
 package nftnl
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -61,5 +63,56 @@ func TestCounterPackets(t *testing.T) {
 	}
 	if n, err := CounterPackets(conn, nftmodel.IPv4, "missing", "out"); err != nil || n != 0 {
 		t.Errorf("missing table: %d, %v, want 0 and no error", n, err)
+	}
+}
+
+// TestConcurrentReadsAndApplies: the daemon reads counters for a /metrics
+// scrape while its sync loop applies and reads the generation, on one
+// connection. The library's lasting socket is shared by both: requests in
+// flight at once read each other's replies ("mismatched sequence in netlink
+// reply"), and a reply taken by the wrong caller leaves the other blocked
+// for good (a daemon that stopped answering and did not stop). Every call
+// must succeed, and in bounded time.
+func TestConcurrentReadsAndApplies(t *testing.T) {
+	_, conn := nftNS(t)
+	rs := &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
+		nlBase("out", nftmodel.TypeFilter, nftmodel.HookOutput, 0, nlRule(
+			nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("127.0.0.2/32")}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop})),
+	}}
+	if _, err := Apply(conn, rs); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	go func() {
+		for range 300 {
+			if _, err := CounterPackets(conn, nftmodel.IPv4, "t", "out"); err != nil {
+				done <- fmt.Errorf("read counters: %w", err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	go func() {
+		for range 100 {
+			if _, err := Generation(conn); err != nil {
+				done <- fmt.Errorf("read generation: %w", err)
+				return
+			}
+			if _, err := Apply(conn, rs); err != nil {
+				done <- fmt.Errorf("apply: %w", err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("a call blocked: a reply went to the wrong caller")
+		}
 	}
 }

@@ -26,7 +26,7 @@ type Jump struct {
 // chain's order.
 func (c *Conn) Jumps(f nftmodel.Family, table, chain string) ([]Jump, error) {
 	t := &nftables.Table{Family: libFamily(f), Name: table}
-	rules, err := c.lib.GetRules(t, &nftables.Chain{Table: t, Name: chain})
+	rules, err := c.getRules(t, &nftables.Chain{Table: t, Name: chain})
 	if err != nil {
 		return nil, fmt.Errorf("list rules of chain %s in table %s %s: %w", chain, f, table, err)
 	}

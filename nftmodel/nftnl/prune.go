@@ -39,11 +39,11 @@ func PruneElements(conn *Conn, family nftmodel.Family, table string, set *nftmod
 // staleElements dumps the set and returns the elements keep refuses.
 func staleElements(conn *Conn, family nftmodel.Family, table string, set *nftmodel.Set, keep func(nftmodel.Element) bool) ([]nftmodel.Element, error) {
 	t := &nftables.Table{Name: table, Family: libFamily(family)}
-	ls, err := conn.lib.GetSetByName(t, set.Name)
+	ls, err := conn.getSetByName(t, set.Name)
 	if err != nil {
 		return nil, fmt.Errorf("get set %s: %w", set.Name, err)
 	}
-	les, err := conn.lib.GetSetElements(ls)
+	les, err := conn.getSetElements(ls)
 	if err != nil {
 		return nil, fmt.Errorf("list elements of set %s: %w", set.Name, err)
 	}

@@ -48,13 +48,13 @@ func Read(conn *Conn, family nftmodel.Family, table string) (*nftmodel.Ruleset, 
 
 func readRuleset(conn *Conn, family nftmodel.Family, table string) (*nftmodel.Ruleset, error) {
 	t := &nftables.Table{Name: table, Family: libFamily(family)}
-	if _, err := conn.lib.ListTableOfFamily(table, t.Family); errors.Is(err, unix.ENOENT) {
+	if _, err := conn.listTable(table, t.Family); errors.Is(err, unix.ENOENT) {
 		return nil, ErrNoTable
 	} else if err != nil {
 		return nil, fmt.Errorf("get table: %w", err)
 	}
 	rs := &nftmodel.Ruleset{Family: family, Table: table}
-	sets, err := conn.lib.GetSets(t)
+	sets, err := conn.getSets(t)
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
@@ -77,7 +77,7 @@ func readRuleset(conn *Conn, family nftmodel.Family, table string) (*nftmodel.Ru
 		}
 		rs.Sets = append(rs.Sets, s)
 	}
-	chains, err := conn.lib.ListChainsOfTableFamily(t.Family)
+	chains, err := conn.listChains(t.Family)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -135,7 +135,7 @@ func readSet(conn *Conn, f nftmodel.Family, ls *nftables.Set, ud []byte) (*nftmo
 	if s.Timeout > 0 && !s.IsVerdictMap() {
 		return s, nil // dynamic: what is in it, the packet path put there
 	}
-	els, err := conn.lib.GetSetElements(ls)
+	els, err := conn.getSetElements(ls)
 	if err != nil {
 		return nil, fmt.Errorf("get elements: %w", err)
 	}
@@ -293,7 +293,7 @@ func readChain(conn *Conn, f nftmodel.Family, lc *nftables.Chain, anon map[strin
 	if !sameChain(lc, c) {
 		return nil, errors.New("a base chain nftproxy doesn't write (policy)")
 	}
-	rules, err := conn.lib.GetRules(lc.Table, lc)
+	rules, err := conn.getRules(lc.Table, lc)
 	if err != nil {
 		return nil, fmt.Errorf("get rules: %w", err)
 	}
@@ -652,7 +652,7 @@ func (d *ruleDecoder) numgen(ng *expr.Numgen) (nftmodel.Expr, int, error) {
 		ls.KeyType.GetNFTMagic() != nftables.TypeInteger.GetNFTMagic() {
 		return nil, 0, fmt.Errorf("anonymous set %s is not an integer-keyed verdict map", l.SetName)
 	}
-	els, err := d.conn.lib.GetSetElements(ls)
+	els, err := d.conn.getSetElements(ls)
 	if err != nil {
 		return nil, 0, fmt.Errorf("get elements of %s: %w", l.SetName, err)
 	}
