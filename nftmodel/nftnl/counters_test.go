@@ -11,15 +11,21 @@ import (
 	"github.com/nftproxy/nftproxy/nftmodel"
 )
 
+// countedDrop is table ip t: its output chain counts and drops what goes
+// to 127.0.0.2.
+func countedDrop() *nftmodel.Ruleset {
+	return &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
+		nlBase("out", nftmodel.TypeFilter, nftmodel.HookOutput, 0, nlRule(
+			nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("127.0.0.2/32")}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop})),
+	}}
+}
+
 // TestCounterPackets: a rule's counter counts the packets that reach it;
 // CounterPackets reads them, Read renders them as nft lists them, and a
 // full Apply writes the rule anew, from zero.
 func TestCounterPackets(t *testing.T) {
 	ns, conn := nftNS(t)
-	rs := &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
-		nlBase("out", nftmodel.TypeFilter, nftmodel.HookOutput, 0, nlRule(
-			nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("127.0.0.2/32")}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop})),
-	}}
+	rs := countedDrop()
 	if _, err := Apply(conn, rs); err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +81,7 @@ func TestCounterPackets(t *testing.T) {
 // must succeed, and in bounded time.
 func TestConcurrentReadsAndApplies(t *testing.T) {
 	_, conn := nftNS(t)
-	rs := &nftmodel.Ruleset{Family: nftmodel.IPv4, Table: "t", Chains: []*nftmodel.Chain{
-		nlBase("out", nftmodel.TypeFilter, nftmodel.HookOutput, 0, nlRule(
-			nftmodel.MatchPrefix{Field: nftmodel.FieldDaddr, Prefix: pfx("127.0.0.2/32")}, nftmodel.Counter{}, nftmodel.Verdict{Kind: nftmodel.Drop})),
-	}}
+	rs := countedDrop()
 	if _, err := Apply(conn, rs); err != nil {
 		t.Fatal(err)
 	}
