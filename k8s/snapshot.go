@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -64,6 +65,14 @@ type Endpoint struct {
 	// none. (Behind a pointer: most endpoints have none, and the endpoint,
 	// copied by thousands for a wide service, is a third smaller.)
 	Hints *Hints
+}
+
+// Equal compares two endpoints in place: they are large, and a wide service
+// has thousands.
+func (e *Endpoint) Equal(b *Endpoint) bool {
+	return e.Addr == b.Addr && e.Port == b.Port && e.Ready == b.Ready && e.Serving == b.Serving &&
+		e.Terminating == b.Terminating && e.NodeName == b.NodeName && e.Zone == b.Zone &&
+		slices.Equal(e.ZoneHints(), b.ZoneHints()) && slices.Equal(e.NodeHints(), b.NodeHints())
 }
 
 // Hints are the zones and the nodes an endpoint is meant for.

@@ -19,14 +19,16 @@ import (
 // must break.
 func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints) bool {
 	merged, ok := t.merged[svc]
-	if !ok {
+	// A service of one slice merges by taking the slice's list as it is.
+	if !ok || len(t.byService[svc]) < 2 {
 		return false
 	}
 	// A new list: the old one may be the snapshot's, never modified.
 	out := slices.Clone(merged)
 	for i := range out {
 		sp := &out[i]
-		eps, ok := spliceEndpoints(sp.Endpoints, portEndpoints(old, sp.Name), portEndpoints(new, sp.Name))
+		removed, added := changedEndpoints(portEndpoints(old, sp.Name), portEndpoints(new, sp.Name))
+		eps, ok := spliceEndpoints(sp.Endpoints, removed, added)
 		// Every slice's endpoints are in the merged list once when their
 		// count is its length: none was a duplicate the merge dropped.
 		if !ok || len(eps) != t.countEndpoints(svc, sp.Name) {
@@ -60,6 +62,28 @@ func portEndpoints(s *SliceEndpoints, name ServicePortName) []Endpoint {
 		slices.SortFunc(out, compareEndpoints)
 	}
 	return out
+}
+
+// changedEndpoints returns what of old (sorted) new (sorted) does not have
+// as it is, and what of new old does not: an endpoint replaced in a slice of
+// a hundred is one out and one in.
+func changedEndpoints(old, new []Endpoint) (removed, added []Endpoint) {
+	for len(old) > 0 && len(new) > 0 {
+		switch c := compareEndpointKeys(&old[0], &new[0]); {
+		case c < 0:
+			removed = append(removed, old[0])
+			old = old[1:]
+		case c > 0:
+			added = append(added, new[0])
+			new = new[1:]
+		default:
+			if !old[0].Equal(&new[0]) {
+				removed, added = append(removed, old[0]), append(added, new[0])
+			}
+			old, new = old[1:], new[1:]
+		}
+	}
+	return append(removed, old...), append(added, new...)
 }
 
 // countEndpoints adds up the endpoints the service's slices hold for a port.

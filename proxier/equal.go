@@ -32,17 +32,9 @@ func sameEndpoints(a, b []k8s.Endpoint) bool {
 		return true
 	}
 	for i := range a {
-		if !sameEndpoint(&a[i], &b[i]) {
+		if !a[i].Equal(&b[i]) {
 			return false
 		}
 	}
 	return true
-}
-
-// sameEndpoint compares two endpoints in place: they are large, and a wide
-// service has thousands.
-func sameEndpoint(a, b *k8s.Endpoint) bool {
-	return a.Addr == b.Addr && a.Port == b.Port && a.Ready == b.Ready && a.Serving == b.Serving &&
-		a.Terminating == b.Terminating && a.NodeName == b.NodeName && a.Zone == b.Zone &&
-		slices.Equal(a.ZoneHints(), b.ZoneHints()) && slices.Equal(a.NodeHints(), b.NodeHints())
 }
