@@ -58,6 +58,7 @@ func (t *Tracker) TakeChanges() Changes {
 	// A new map: clearing one costs its capacity, which a start or a
 	// manifest reload made as large as the number of services.
 	t.dirty = map[ServicePortName]struct{}{}
+	t.forgetSplices()
 	t.mu.Unlock()
 	t.report(problems)
 	return ch

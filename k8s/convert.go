@@ -330,6 +330,11 @@ type PortEndpoints struct {
 	Endpoints []Endpoint // sorted by address, then port
 }
 
+// serves tells whether these are the endpoints of service port name.
+func (pe *PortEndpoints) serves(name ServicePortName) bool {
+	return pe.Name == name.Port && pe.Protocol == name.Protocol
+}
+
 // EndpointsFromSlice validates an EndpointSlice and returns its endpoints per
 // port. A bad port or endpoint is skipped with an error; a slice that cannot
 // be attributed (no service-name label, unknown address type, no name) is
@@ -524,7 +529,7 @@ func appendWithEndpoints(dst, ports []ServicePort, from []*SliceEndpoints) []Ser
 					continue
 				}
 				for _, pe := range s.Ports {
-					if pe.Name == sp.Name.Port && pe.Protocol == sp.Name.Protocol && !yield(pe.Endpoints) {
+					if pe.serves(sp.Name) && !yield(pe.Endpoints) {
 						return
 					}
 				}

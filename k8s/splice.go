@@ -20,7 +20,10 @@ import (
 // the full merge must break.
 func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints) bool {
 	merged, ok := t.merged[svc]
-	if !ok || len(t.byService[svc]) < 2 {
+	// Spliced once per hand-over: a burst of changes to one service (a
+	// rollout) costs one merge when the ports are next read, not a copy of
+	// the list per change.
+	if !ok || len(t.byService[svc]) < 2 || t.spliced[svc] {
 		return false
 	}
 	// A new list: the old one may be the snapshot's, never modified.
@@ -37,7 +40,17 @@ func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints
 		sp.Endpoints = eps
 	}
 	t.merged[svc] = out
+	t.spliced[svc] = true
 	return true
+}
+
+// forgetSplices notes that the merged ports were read: the next change of
+// each service may splice again. (A new map, as TakeChanges makes its dirty
+// set: clearing one costs its capacity, which a relist may have grown.)
+func (t *Tracker) forgetSplices() {
+	if len(t.spliced) > 0 {
+		t.spliced = map[types.NamespacedName]bool{}
+	}
 }
 
 // portEndpoints lists the endpoints of port name in slice s (nil: none),
@@ -49,7 +62,7 @@ func portEndpoints(s *SliceEndpoints, name ServicePortName) []Endpoint {
 	var out []Endpoint
 	lists := 0
 	for _, pe := range s.Ports {
-		if pe.Name == name.Port && pe.Protocol == name.Protocol {
+		if pe.serves(name) {
 			if lists == 0 {
 				out = pe.Endpoints // shared, as it is never modified
 			} else {
@@ -59,7 +72,7 @@ func portEndpoints(s *SliceEndpoints, name ServicePortName) []Endpoint {
 		}
 	}
 	if lists > 1 {
-		slices.SortFunc(out, compareEndpoints)
+		slices.SortFunc(out, func(a, b Endpoint) int { return compareEndpointKeys(&a, &b) })
 	}
 	return out
 }
@@ -91,15 +104,13 @@ func (t *Tracker) countEndpoints(svc types.NamespacedName, name ServicePortName)
 	n := 0
 	for _, s := range t.byService[svc] {
 		for _, pe := range s.Ports {
-			if pe.Name == name.Port && pe.Protocol == name.Protocol {
+			if pe.serves(name) {
 				n += len(pe.Endpoints)
 			}
 		}
 	}
 	return n
 }
-
-func compareEndpoints(a, b Endpoint) int { return compareEndpointKeys(&a, &b) }
 
 func compareEndpointKeys(a, b *Endpoint) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))

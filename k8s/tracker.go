@@ -55,7 +55,10 @@ type Tracker struct {
 	// the heap.)
 	byService map[types.NamespacedName][]*SliceEndpoints
 	merged    map[types.NamespacedName][]ServicePort // with endpoints; built lazily
-	node      *nodeEntry
+	// spliced holds the services whose merged ports a slice change patched
+	// since they were last read (TakeChanges, a snapshot).
+	spliced map[types.NamespacedName]bool
+	node    *nodeEntry
 	// ServiceCIDR objects by name.
 	serviceCIDRs map[string]*serviceCIDREntry
 	snap         *Snapshot // nil when something changed since the last one
@@ -129,6 +132,7 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		slices:    map[types.NamespacedName]*sliceEntry{},
 		byService: map[types.NamespacedName][]*SliceEndpoints{},
 		merged:    map[types.NamespacedName][]ServicePort{},
+		spliced:   map[types.NamespacedName]bool{},
 		dirty:     map[ServicePortName]struct{}{},
 		skip:      map[ServicePortName]bool{},
 		conflicts: map[types.NamespacedName][]portConflict{},
@@ -693,6 +697,7 @@ func (t *Tracker) build() (*Snapshot, []error) {
 		}
 	}
 	t.snap = snap
+	t.forgetSplices()
 	return snap, fresh
 }
 
