@@ -1,11 +1,8 @@
 package k8s_test
 
 import (
-	"encoding/json"
 	"reflect"
 	"testing"
-
-	v1 "k8s.io/api/core/v1"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	"github.com/nftproxy/nftproxy/k8s/k8sfuzz"
@@ -26,34 +23,10 @@ func FuzzTracker(f *testing.F) {
 		if !reflect.DeepEqual(snap.Services, again.Services) {
 			t.Errorf("the same objects made two snapshots:\n%+v\n%+v", snap.Services, again.Services)
 		}
-		if step := stepwise(data); !reflect.DeepEqual(snap.Services, step.Services) {
+		if step, _ := k8sfuzz.Stepwise(data); !reflect.DeepEqual(snap.Services, step.Services) {
 			t.Errorf("one slice at a time made another snapshot than all at once:\n%+v\n%+v", step.Services, snap.Services)
 		}
 	})
-}
-
-// stepwise is k8sfuzz.Snapshot with the slices set one at a time, a
-// snapshot taken after each: the tracker then splices a changed slice into
-// the merged endpoints it keeps, where one ReplaceAll merges them once.
-func stepwise(data []byte) *k8s.Snapshot {
-	var objs k8sfuzz.Objects
-	_ = json.Unmarshal(data, &objs)
-	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-	var svcs []*v1.Service
-	for _, s := range objs.Services {
-		if s != nil {
-			svcs = append(svcs, s)
-		}
-	}
-	tr.ReplaceAll(svcs, nil, objs.Node)
-	tr.Snapshot()
-	for _, s := range objs.Slices {
-		if s != nil {
-			tr.SetSlice(s)
-			tr.Snapshot()
-		}
-	}
-	return tr.Snapshot()
 }
 
 // CheckSnapshot reports what in snap breaks the tracker's promises.

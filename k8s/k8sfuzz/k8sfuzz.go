@@ -22,11 +22,45 @@ type Objects struct {
 // Snapshot decodes data as Objects and returns the snapshot a tracker on
 // node-1 makes of them; false when data is not such JSON.
 func Snapshot(data []byte) (*k8s.Snapshot, bool) {
-	var objs Objects
-	if json.Unmarshal(data, &objs) != nil {
+	svcs, slices, node, ok := decode(data)
+	if !ok {
 		return nil, false
 	}
-	// Informers never hand over nil objects.
+	tr := newTracker()
+	tr.ReplaceAll(svcs, slices, node)
+	return tr.Snapshot(), true
+}
+
+// Stepwise is Snapshot with the slices set one at a time, a snapshot taken
+// after each: the tracker then splices a changed slice into the merged
+// endpoints it keeps, where one ReplaceAll merges them once. Both must give
+// the same snapshot.
+func Stepwise(data []byte) (*k8s.Snapshot, bool) {
+	svcs, slices, node, ok := decode(data)
+	if !ok {
+		return nil, false
+	}
+	tr := newTracker()
+	tr.ReplaceAll(svcs, nil, node)
+	tr.Snapshot()
+	for _, s := range slices {
+		tr.SetSlice(s)
+		tr.Snapshot()
+	}
+	return tr.Snapshot(), true
+}
+
+func newTracker() *k8s.Tracker {
+	return k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+}
+
+// decode reads data as Objects, without the nil objects informers never
+// hand over.
+func decode(data []byte) ([]*v1.Service, []*discoveryv1.EndpointSlice, *v1.Node, bool) {
+	var objs Objects
+	if json.Unmarshal(data, &objs) != nil {
+		return nil, nil, nil, false
+	}
 	var svcs []*v1.Service
 	for _, s := range objs.Services {
 		if s != nil {
@@ -39,7 +73,5 @@ func Snapshot(data []byte) (*k8s.Snapshot, bool) {
 			slices = append(slices, s)
 		}
 	}
-	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-	tr.ReplaceAll(svcs, slices, objs.Node)
-	return tr.Snapshot(), true
+	return svcs, slices, objs.Node, true
 }
