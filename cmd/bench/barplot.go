@@ -3,8 +3,6 @@ package main
 import (
 	"image"
 	"image/color"
-	"image/draw"
-	"math"
 )
 
 // barChart draws groups of bars on a logarithmic y axis: one group per
@@ -27,55 +25,32 @@ type barSeries struct {
 	open  []bool
 }
 
-func (c barChart) legend() []series {
-	out := make([]series, len(c.bars))
+func (c barChart) draw(cv *canvas, x0 int) (int, []series, bool) {
+	legend := make([]series, len(c.bars))
+	var ys []float64
 	for i, b := range c.bars {
-		out[i] = series{name: b.name, color: b.color}
-	}
-	return out
-}
-
-func (c barChart) hasTargets() bool { return false }
-func (c barChart) width() int       { return c.w }
-
-func (c barChart) draw(img *image.RGBA, r image.Rectangle) {
-	plot := image.Rect(r.Min.X+marginLeft, r.Min.Y+marginTop, r.Max.X-marginRight, r.Max.Y-marginBot)
-	drawText(img, r.Min.X+(r.Dx()-textWidth(c.title, textScale))/2, r.Min.Y+12, c.title, textScale, black, false)
-	ymin, ymax := math.Inf(1), math.Inf(-1)
-	for _, b := range c.bars {
+		legend[i] = series{name: b.name, color: b.color}
 		for _, y := range b.ys {
-			if !math.IsNaN(y) && y > 0 {
-				ymin, ymax = math.Min(ymin, y), math.Max(ymax, y)
+			if y > 0 { // measured, not NaN
+				ys = append(ys, y)
 			}
 		}
 	}
-	if math.IsInf(ymin, 0) {
-		drawText(img, plot.Min.X+20, plot.Min.Y+20, "no data", textScale, gray, false)
-		return
+	plot, py := axes(cv, x0, c.w, c.title, c.yLabel, ys, c.yFormat)
+	if py == nil {
+		return c.w, legend, false
 	}
-	py := logYAxis(img, plot, ymin, ymax, c.yFormat)
-	rect(img, plot, gray)
-	drawText(img, r.Min.X+12, plot.Min.Y+(plot.Dy()+textWidth(c.yLabel, textScale))/2, c.yLabel, textScale, black, true)
-
 	band := plot.Dx() / max(1, len(c.groups))
 	barW := band / (len(c.bars) + 1)
 	for g, name := range c.groups {
 		x0 := plot.Min.X + g*band
-		drawText(img, x0+(band-textWidth(name, textScale))/2, plot.Max.Y+10, name, textScale, black, false)
+		cv.text(x0+band/2, plot.Max.Y+24, `text-anchor="middle"`, name)
 		for i, b := range c.bars {
-			y := b.ys[g]
-			if math.IsNaN(y) || y <= 0 {
-				continue
+			if y := b.ys[g]; y > 0 { // not NaN
+				bx := x0 + barW/2 + i*barW
+				cv.rect(image.Rect(bx+1, py(y), bx+barW-1, plot.Max.Y), b.color, b.open[g])
 			}
-			bx := x0 + barW/2 + i*barW
-			top := py(y)
-			box := image.Rect(bx+1, top, bx+barW-1, plot.Max.Y)
-			if b.open[g] {
-				rect(img, box, b.color)
-				rect(img, box.Inset(1), b.color)
-				continue
-			}
-			draw.Draw(img, box, &image.Uniform{b.color}, image.Point{}, draw.Src)
 		}
 	}
+	return c.w, legend, false
 }

@@ -211,7 +211,7 @@ func TestPeersMarkdown(t *testing.T) {
 		"| kube-proxy nftables | – | > 5 min | not run | – | – | – | – | – |",
 		"| nftproxy | 2.60 s | 2.10 s | 1.50 ms | 3.00 ms | 2.00 ms (2 syncs) | 10.0 ms | 100 MiB | 120 MiB |",
 		"- 100kx1, kube-proxy iptables (nft backend), full sync: the proxy exited: boom",
-		"![10,000 services × 3 endpoints](bench-peers-10kx3.png)",
+		"![10,000 services × 3 endpoints](bench-peers-10kx3.svg)",
 		"| 10000 | 2.78 ms | 11.8 ms | 1.00 |",
 		"| endpoint change: workload | nftproxy | kube-proxy nftables | kube-proxy iptables (nft backend) | kube-proxy iptables-legacy | nftproxy / fastest kube-proxy | nftproxy's share: its sync + the rest |",
 		"| 10kx3 | 1.20 ms | 4.18 s | 1.11 s | 760 ms | 0.00158 (1.20 ms / 760 ms, iptables-legacy) | 2.78 ms + 0.000 ms |",

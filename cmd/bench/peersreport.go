@@ -47,7 +47,7 @@ var peerPlotGroups = []struct{ metric, label string }{
 	{peerServiceWall, "service: wall"},
 }
 
-func peerPlotFile(workload string) string { return "bench-peers-" + workload + ".png" }
+func peerPlotFile(workload string) string { return "bench-peers-" + workload + ".svg" }
 
 // cell prints a figure, "> 5 min" for a step stopped at the limit, "failed"
 // for one that failed, "–" when not run.
@@ -421,7 +421,7 @@ func (r *Results) writePeerPlots(dir string) error {
 				c.bars = append(c.bars, s)
 			}
 		}
-		if err := writePNG(filepath.Join(dir, peerPlotFile(wl.Name)), c); err != nil {
+		if err := writeSVG(filepath.Join(dir, peerPlotFile(wl.Name)), c); err != nil {
 			return err
 		}
 	}

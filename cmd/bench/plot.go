@@ -1,18 +1,21 @@
 package main
 
 import (
+	"bytes"
+	"encoding/xml"
 	"fmt"
 	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"math"
 	"os"
+	"slices"
+	"strings"
 )
 
-// A line chart with logarithmic axes, drawn pixel by pixel with image/png:
-// the standard library has no plotting and the repository takes no plotting
-// dependency for two pictures.
+// The plots are SVG written as text: the standard library can write it, it
+// needs no font and no rasterizer (lines, dashes and text are the viewer's
+// to draw), and browsers and GitHub render it. The repository takes no
+// plotting dependency for a few pictures.
 
 type series struct {
 	name   string
@@ -32,7 +35,6 @@ type chart struct {
 }
 
 var (
-	white     = color.RGBA{255, 255, 255, 255}
 	black     = color.RGBA{30, 30, 30, 255}
 	gray      = color.RGBA{120, 120, 120, 255}
 	gridColor = color.RGBA{225, 225, 225, 255}
@@ -59,153 +61,187 @@ var methodStyle = map[string]struct {
 	methodConnLegacyLast:  {color.RGBA{200, 30, 40, 255}, false},
 }
 
-// Layout of one panel, in pixels at the plots' text scale 2.
+// Layout of one panel and the legend, in pixels; charWidth is a guess at the
+// mean width of a character at fontSize, to lay out the legend's columns.
 const (
-	textScale   = 2
-	panelW      = 620
-	panelH      = 470
-	marginLeft  = 124
-	marginRight = 20
-	marginTop   = 50
-	marginBot   = 70
+	panelW    = 620
+	panelH    = 470
+	fontSize  = 16
+	charWidth = 9
+	legendRow = 24
 )
 
-// panel is one picture of a plot file: a line chart or a bar chart.
+// panel is one picture of a plot file, a line chart or a bar chart: draw
+// draws it from x0 on and returns its width, its legend and whether it marks
+// targets.
 type panel interface {
-	draw(img *image.RGBA, r image.Rectangle)
-	legend() []series
-	hasTargets() bool
-	width() int
+	draw(cv *canvas, x0 int) (w int, legend []series, targets bool)
 }
 
-func (c chart) legend() []series { return c.series }
-func (c chart) hasTargets() bool { return len(c.targets) > 0 }
-func (c chart) width() int       { return panelW }
+// canvas collects the elements of one SVG picture.
+type canvas struct{ bytes.Buffer }
 
-// writePNG draws the panels side by side with one legend below them.
-func writePNG(path string, panels ...panel) error {
+func (cv *canvas) el(format string, args ...any) { fmt.Fprintf(cv, format+"\n", args...) }
+
+// text writes s at (x, y), its baseline; attrs adds attributes such as an anchor.
+func (cv *canvas) text(x, y int, attrs, s string) {
+	fmt.Fprintf(cv, `<text x="%d" y="%d" %s>`, x, y, attrs)
+	_ = xml.EscapeText(cv, []byte(s)) // a bytes.Buffer does not fail
+	cv.WriteString("</text>\n")
+}
+
+// polyline strokes the points in order; dashed lines alternate 12 on and 8 off.
+func (cv *canvas) polyline(pts []image.Point, c color.RGBA, width int, dashed bool) {
+	var s []string
+	for _, p := range pts {
+		s = append(s, fmt.Sprintf("%d,%d", p.X, p.Y))
+	}
+	dash := ""
+	if dashed {
+		dash = ` stroke-dasharray="12 8"`
+	}
+	cv.el(`<polyline points="%s" fill="none" stroke="%s" stroke-width="%d"%s/>`, strings.Join(s, " "), hex(c), width, dash)
+}
+
+// rect fills r, or outlines it two pixels wide.
+func (cv *canvas) rect(r image.Rectangle, c color.RGBA, hollow bool) {
+	paint := fmt.Sprintf(`fill="%s"`, hex(c))
+	if hollow {
+		paint = fmt.Sprintf(`fill="none" stroke="%s" stroke-width="2"`, hex(c))
+	}
+	cv.el(`<rect x="%d" y="%d" width="%d" height="%d" %s/>`, r.Min.X, r.Min.Y, r.Dx(), r.Dy(), paint)
+}
+
+// diamond outlines a target's diamond of radius r around (x, y).
+func (cv *canvas) diamond(x, y, r int) {
+	cv.polyline([]image.Point{{x - r, y}, {x, y - r}, {x + r, y}, {x, y + r}, {x - r, y}}, red, 2, false)
+}
+
+func hex(c color.RGBA) string { return fmt.Sprintf("#%02x%02x%02x", c.R, c.G, c.B) }
+
+// writeSVG draws the panels side by side with one legend below them.
+func writeSVG(path string, panels ...panel) error {
+	var body canvas
 	var legend []series
-	seen := map[string]bool{}
 	hasTarget := false
 	w := 0
-	for _, c := range panels {
-		for _, s := range c.legend() {
-			if !seen[s.name] {
-				seen[s.name] = true
+	for _, p := range panels {
+		pw, entries, targets := p.draw(&body, w)
+		for _, s := range entries {
+			if !slices.ContainsFunc(legend, func(l series) bool { return l.name == s.name }) {
 				legend = append(legend, s)
 			}
 		}
-		hasTarget = hasTarget || c.hasTargets()
-		w += c.width()
+		hasTarget = hasTarget || targets
+		w += pw
 	}
-	entries := len(legend)
 	if hasTarget {
-		entries++
+		legend = append(legend, series{name: "target"}) // drawn as a diamond
 	}
 	// Columns as wide as the longest legend entry (line, gap, text).
 	longest := 0
 	for _, s := range legend {
-		longest = max(longest, textWidth(s.name, textScale))
+		longest = max(longest, len([]rune(s.name))*charWidth)
 	}
 	perRow := max(1, w/max(340, longest+60))
-	rows := (entries + perRow - 1) / perRow
-	h := panelH + rows*lineHeight*textScale + 20
-	img := image.NewRGBA(image.Rect(0, 0, w, h))
-	draw.Draw(img, img.Bounds(), &image.Uniform{white}, image.Point{}, draw.Src)
-	x := 0
-	for _, c := range panels {
-		c.draw(img, image.Rect(x, 0, x+c.width(), panelH))
-		x += c.width()
-	}
-	colW := w / perRow
-	for i := range entries {
-		x := 20 + (i%perRow)*colW
-		y := panelH + (i/perRow)*lineHeight*textScale
-		mid := y + 4*textScale
-		if i == len(legend) {
-			diamond(img, x+15, mid, 6, red)
-			drawText(img, x+40, y, "target", textScale, black, false)
-			continue
+	h := panelH + (len(legend)+perRow-1)/perRow*legendRow + 20
+	var cv canvas
+	cv.el(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" `+
+		`font-size="%d" fill="%s">`, w, h, w, h, fontSize, hex(black))
+	cv.el(`<rect width="%d" height="%d" fill="white"/>`, w, h)
+	cv.Write(body.Bytes())
+	for i, s := range legend {
+		x, mid := 20+(i%perRow)*(w/perRow), panelH+(i/perRow)*legendRow+8
+		if hasTarget && i == len(legend)-1 {
+			cv.diamond(x+15, mid, 6)
+		} else {
+			cv.polyline([]image.Point{{x, mid}, {x + 30, mid}}, s.color, 3, s.dashed)
 		}
-		s := legend[i]
-		thickLine(img, x, mid, x+30, mid, s.color, s.dashed)
-		drawText(img, x+40, y, s.name, textScale, black, false)
+		cv.text(x+40, mid+6, "", s.name)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("create plot: %w", err)
-	}
-	if err := png.Encode(f, img); err != nil {
-		f.Close()
-		return fmt.Errorf("encode plot %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write plot %s: %w", path, err)
+	cv.el("</svg>")
+	if err := os.WriteFile(path, cv.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write plot: %w", err)
 	}
 	return nil
 }
 
-func (c chart) draw(img *image.RGBA, r image.Rectangle) {
-	plot := image.Rect(r.Min.X+marginLeft, r.Min.Y+marginTop, r.Max.X-marginRight, r.Max.Y-marginBot)
-	drawText(img, r.Min.X+(r.Dx()-textWidth(c.title, textScale))/2, r.Min.Y+12, c.title, textScale, black, false)
-
-	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
-	for _, s := range c.series {
-		for i := range s.xs {
-			xmin, xmax = math.Min(xmin, s.xs[i]), math.Max(xmax, s.xs[i])
-			ymin, ymax = math.Min(ymin, s.ys[i]), math.Max(ymax, s.ys[i])
+// axes draws a panel's title, the log y axis of the values ys (whole decades,
+// the grid at 1, 2 and 5 of each, labelled at decades), its frame and label,
+// and returns the plot area and the pixel row of a value; with no values it
+// writes "no data" and returns a nil row function.
+func axes(cv *canvas, x0, w int, title, label string, ys []float64, format func(float64) string) (image.Rectangle, func(float64) int) {
+	cv.text(x0+w/2, 30, `text-anchor="middle" font-weight="bold"`, title)
+	// Room on the left for decade labels and the y label, below for x labels.
+	plot := image.Rect(x0+124, 50, x0+w-20, panelH-70)
+	if len(ys) == 0 {
+		cv.text(plot.Min.X+20, plot.Min.Y+30, fmt.Sprintf(`fill="%s"`, hex(gray)), "no data")
+		return plot, nil
+	}
+	ylo, yhi := math.Floor(math.Log10(slices.Min(ys))), math.Ceil(math.Log10(slices.Max(ys)))
+	if yhi == ylo {
+		yhi++
+	}
+	py := func(y float64) int {
+		return plot.Max.Y - int((math.Log10(y)-ylo)/(yhi-ylo)*float64(plot.Dy()))
+	}
+	for d := ylo; d <= yhi; d++ {
+		for _, k := range []float64{1, 2, 5} {
+			if d == yhi && k > 1 {
+				break // the top decade ends the axis
+			}
+			y := py(k * math.Pow(10, d))
+			cv.polyline([]image.Point{{plot.Min.X, y}, {plot.Max.X, y}}, gridColor, 1, false)
+			if k == 1 {
+				cv.text(plot.Min.X-10, y+6, `text-anchor="end"`, format(math.Pow(10, d)))
+			}
 		}
 	}
-	for _, p := range c.targets {
-		ymin, ymax = math.Min(ymin, p.y), math.Max(ymax, p.y)
+	cv.rect(plot, gray, true)
+	x, y := plot.Min.X-90, plot.Min.Y+plot.Dy()/2
+	cv.text(x, y, fmt.Sprintf(`text-anchor="middle" transform="rotate(-90 %d %d)"`, x, y), label)
+	return plot, py
+}
+
+func (c chart) draw(cv *canvas, x0 int) (int, []series, bool) {
+	var xs, ys []float64
+	for _, s := range c.series {
+		xs, ys = append(xs, s.xs...), append(ys, s.ys...)
 	}
-	if math.IsInf(xmin, 0) {
-		drawText(img, plot.Min.X+20, plot.Min.Y+20, "no data", textScale, gray, false)
-		return
+	if len(xs) > 0 { // targets alone are no data
+		for _, p := range c.targets {
+			ys = append(ys, p.y)
+		}
+	}
+	plot, py := axes(cv, x0, panelW, c.title, c.yLabel, ys, c.yFormat)
+	if py == nil {
+		return panelW, c.series, len(c.targets) > 0
 	}
 	// A little room on x so end markers show.
-	xlo, xhi := math.Log10(xmin)-0.05, math.Log10(xmax)+0.05
+	xlo, xhi := math.Log10(slices.Min(xs))-0.05, math.Log10(slices.Max(xs))+0.05
 	px := func(x float64) int {
 		return plot.Min.X + int((math.Log10(x)-xlo)/(xhi-xlo)*float64(plot.Dx()))
 	}
-	py := logYAxis(img, plot, ymin, ymax, c.yFormat)
-	// Grid on x at the measured sizes.
-	var xs []float64
-	for _, s := range c.series {
-		for _, x := range s.xs {
-			xs = appendUnique(xs, x)
-		}
+	// The x grid at the measured sizes.
+	for _, x := range slices.Compact(slices.Sorted(slices.Values(xs))) {
+		cv.polyline([]image.Point{{px(x), plot.Min.Y}, {px(x), plot.Max.Y}}, gridColor, 1, false)
+		cv.text(px(x), plot.Max.Y+24, `text-anchor="middle"`, sizeLabel(int(x)))
 	}
-	for _, x := range xs {
-		line(img, px(x), plot.Min.Y, px(x), plot.Max.Y, gridColor, false)
-		label := sizeLabel(int(x))
-		drawText(img, px(x)-textWidth(label, textScale)/2, plot.Max.Y+10, label, textScale, black, false)
-	}
-	rect(img, plot, gray)
-	drawText(img, plot.Min.X+(plot.Dx()-textWidth(c.xLabel, textScale))/2, plot.Max.Y+38, c.xLabel, textScale, black, false)
-	drawText(img, r.Min.X+12, plot.Min.Y+(plot.Dy()+textWidth(c.yLabel, textScale))/2, c.yLabel, textScale, black, true)
-
+	cv.text(plot.Min.X+plot.Dx()/2, plot.Max.Y+52, `text-anchor="middle"`, c.xLabel)
 	for _, s := range c.series {
+		var pts []image.Point
 		for i := range s.xs {
-			x, y := px(s.xs[i]), py(s.ys[i])
-			if i > 0 {
-				thickLine(img, px(s.xs[i-1]), py(s.ys[i-1]), x, y, s.color, s.dashed)
-			}
-			square(img, x, y, 4, s.color)
+			pts = append(pts, image.Pt(px(s.xs[i]), py(s.ys[i])))
+		}
+		cv.polyline(pts, s.color, 3, s.dashed)
+		for _, p := range pts {
+			cv.rect(image.Rect(p.X-4, p.Y-4, p.X+5, p.Y+5), s.color, false)
 		}
 	}
 	for _, p := range c.targets {
-		diamond(img, px(p.x), py(p.y), 8, red)
+		cv.diamond(px(p.x), py(p.y), 8)
 	}
-}
-
-func appendUnique(xs []float64, x float64) []float64 {
-	for _, v := range xs {
-		if v == x {
-			return xs
-		}
-	}
-	return append(xs, x)
+	return panelW, c.series, len(c.targets) > 0
 }
 
 // sizeLabel prints a service count as 1k, 50k.
@@ -224,94 +260,6 @@ func msLabel(v float64) string {
 	case v >= 1:
 		return fmt.Sprintf("%g ms", v)
 	default:
-		return fmt.Sprintf("%g us", v*1000)
-	}
-}
-
-// line draws a one-pixel line; dashed lines alternate 6 on, 4 off.
-// logYAxis spans whole decades from ymin to ymax on a log scale, draws the
-// y grid in plot (1, 2 and 5 of every decade, labelled at decades) and
-// returns the pixel row of a value.
-func logYAxis(img *image.RGBA, plot image.Rectangle, ymin, ymax float64, format func(float64) string) func(float64) int {
-	ylo, yhi := math.Floor(math.Log10(ymin)), math.Ceil(math.Log10(ymax))
-	if yhi == ylo {
-		yhi++
-	}
-	py := func(y float64) int {
-		return plot.Max.Y - int((math.Log10(y)-ylo)/(yhi-ylo)*float64(plot.Dy()))
-	}
-	for d := ylo; d <= yhi; d++ {
-		for _, k := range []float64{1, 2, 5} {
-			v := k * math.Pow(10, d)
-			if math.Log10(v) > yhi+1e-9 {
-				break
-			}
-			y := py(v)
-			line(img, plot.Min.X, y, plot.Max.X, y, gridColor, false)
-			if k == 1 {
-				label := format(v)
-				drawText(img, plot.Min.X-10-textWidth(label, textScale), y-7, label, textScale, black, false)
-			}
-		}
-	}
-	return py
-}
-
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, dashed bool) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := 1, 1
-	if x0 > x1 {
-		sx = -1
-	}
-	if y0 > y1 {
-		sy = -1
-	}
-	e := dx + dy
-	for step := 0; ; step++ {
-		if !dashed || step%10 < 6 {
-			img.SetRGBA(x0, y0, c)
-		}
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		if e2 := 2 * e; e2 >= dy {
-			e += dy
-			x0 += sx
-		} else {
-			e += dx
-			y0 += sy
-		}
-	}
-}
-
-// thickLine draws a three-pixel-wide line.
-func thickLine(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, dashed bool) {
-	for d := -1; d <= 1; d++ {
-		if abs(x1-x0) > abs(y1-y0) {
-			line(img, x0, y0+d, x1, y1+d, c, dashed)
-		} else {
-			line(img, x0+d, y0, x1+d, y1, c, dashed)
-		}
-	}
-}
-
-func rect(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	line(img, r.Min.X, r.Min.Y, r.Max.X, r.Min.Y, c, false)
-	line(img, r.Min.X, r.Max.Y, r.Max.X, r.Max.Y, c, false)
-	line(img, r.Min.X, r.Min.Y, r.Min.X, r.Max.Y, c, false)
-	line(img, r.Max.X, r.Min.Y, r.Max.X, r.Max.Y, c, false)
-}
-
-func square(img *image.RGBA, x, y, half int, c color.RGBA) {
-	draw.Draw(img, image.Rect(x-half, y-half, x+half+1, y+half+1), &image.Uniform{c}, image.Point{}, draw.Src)
-}
-
-// diamond draws a hollow diamond, two pixels thick.
-func diamond(img *image.RGBA, x, y, r int, c color.RGBA) {
-	for _, k := range []int{r, r - 1} {
-		line(img, x-k, y, x, y-k, c, false)
-		line(img, x, y-k, x+k, y, c, false)
-		line(img, x+k, y, x, y+k, c, false)
-		line(img, x, y+k, x-k, y, c, false)
+		return fmt.Sprintf("%g µs", v*1000)
 	}
 }

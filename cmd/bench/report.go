@@ -12,9 +12,9 @@ import (
 
 // Files written next to benchmarks.md.
 const (
-	syncPlot    = "bench-sync.png"
-	updatesPlot = "bench-updates.png"
-	connectPlot = "bench-connect.png"
+	syncPlot    = "bench-sync.svg"
+	updatesPlot = "bench-updates.svg"
+	connectPlot = "bench-connect.svg"
 )
 
 // The targets, at 10,000 services unless said otherwise.
@@ -62,17 +62,17 @@ func (res *Results) writePlots(dir string) error {
 	sync := res.chart("full sync, fresh namespace", metricFullSync, "time (median)",
 		[]string{methodNftproxy, methodCompile, methodNftText, methodLegacy, methodIptNft},
 		point{10000, targetFullSyncMS}, point{50000, targetFullSync50MS})
-	if err := writePNG(filepath.Join(dir, syncPlot), sync); err != nil {
+	if err := writeSVG(filepath.Join(dir, syncPlot), sync); err != nil {
 		return err
 	}
 	updates := []string{methodNftproxy, methodFullDiff, methodNftText, methodLegacy, methodLegacyPartial, methodIptNft, methodIptNftPartial}
 	ep := res.chart("one endpoint changed", metricEndpointChange, "time (median)", updates, point{10000, targetEndpointMS})
 	add := res.chart("one service added", metricServiceAdded, "time (median)", updates, point{10000, targetServiceMS})
-	if err := writePNG(filepath.Join(dir, updatesPlot), ep, add); err != nil {
+	if err := writeSVG(filepath.Join(dir, updatesPlot), ep, add); err != nil {
 		return err
 	}
 	conn := res.connectChart()
-	if err := writePNG(filepath.Join(dir, connectPlot), conn); err != nil {
+	if err := writeSVG(filepath.Join(dir, connectPlot), conn); err != nil {
 		return err
 	}
 	return nil
