@@ -170,7 +170,8 @@ func writeSVG(path string, panels ...panel) error {
 // the grid at 1, 2 and 5 of each, labelled at decades), its frame and label,
 // and returns the plot area and the pixel row of a value; with no values it
 // writes "no data" and returns a nil row function.
-func axes(cv *canvas, x0, w int, title, label string, ys []float64, format func(float64) string) (image.Rectangle, func(float64) int) {
+func axes(cv *canvas, x0, w int, title, label string, ys []float64,
+	format func(float64) string) (image.Rectangle, func(float64) int) {
 	cv.text(x0+w/2, 30, `text-anchor="middle" font-weight="bold"`, title)
 	// Room on the left for decade labels and the y label, below for x labels.
 	plot := image.Rect(x0+124, 50, x0+w-20, panelH-70)
