@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -65,14 +62,14 @@ type soak struct {
 	run     *SoakRun
 	w       *workload
 	model   *soakModel
-	owners  *addrOwners
 	topo    *netns.Topology
 	servers *soakServers
 	tmp     string
 	p       *proxy
 	clients *soakClients
-	history *addrHistory
 	writers *soakWriters
+	began   time.Time // of the churn: the samples' time 0
+	lagFrom int       // the writes the last sample's write lag covered
 	// The histograms at idle: the churn's figures are what it adds.
 	syncBefore, progBefore prom.Histogram
 	closers                []func() // run last to first
@@ -94,19 +91,19 @@ func soakPhase(res *Results, o *options) error {
 	if err := s.setUp(); err != nil {
 		return err
 	}
-	sink, args, err := s.source(ctx, o.nftproxy)
+	sink, source, err := s.source(ctx)
 	if err != nil {
 		return err
 	}
-	if err := s.start(ctx, args); err != nil {
+	s.writers = startSoakWriters(ctx, sink, s.w.services, soakWorkers)
+	if err := s.start(ctx, append(nftproxyCommand(o.nftproxy, source...), "--profiling")); err != nil {
 		return err
 	}
 	logf("soak: nftproxy synced %d services; idle: %s", so.services, s.run.Idle)
-	began, err := s.churn(ctx, sink)
-	if err != nil {
+	if err := s.churn(ctx); err != nil {
 		return err
 	}
-	if err := s.finish(ctx, began); err != nil {
+	if err := s.finish(ctx); err != nil {
 		return err
 	}
 	res.Soak = s.run
@@ -119,22 +116,17 @@ func soakPhase(res *Results, o *options) error {
 	return nil
 }
 
-// setUp builds the churned state, the topology and its pods.
+// setUp builds the churned state, the topology, its pods and their clients.
 func (s *soak) setUp() error {
 	s.w = workloadSpec{name: "soak", services: s.so.services, width: uniform(soakEndpoints), unplaced: true}.generate()
 	s.model = newSoakModel(s.w, soakPool, soakSeed)
-	s.owners = newAddrOwners(soakPool)
-	for i, svc := range s.model.services {
-		for _, e := range svc.endpoints {
-			s.owners.set(e.addr, i)
-		}
-	}
 	var err error
 	if s.topo, err = netns.BuildTopology(netns.TopologyOptions{Prefix: nsPrefix + "s", Pods: soakPods}); err != nil {
 		return err
 	}
 	s.closers = append(s.closers, func() { _ = s.topo.Close() })
-	s.servers, err = startSoakPods(s.topo, s.owners)
+	s.clients = &soakClients{ns: s.topo.Client, services: s.w.services, recent: newRecentRing(soakRecentChanges), rate: s.so.connRate}
+	s.servers, err = startSoakPods(s.topo, s.model.owners)
 	s.closers = append(s.closers, s.servers.close)
 	if err != nil {
 		return err
@@ -147,10 +139,10 @@ func (s *soak) setUp() error {
 }
 
 // source writes the services where nftproxy reads them, and returns where
-// the churn writes and nftproxy's command line.
-func (s *soak) source(ctx context.Context, binary string) (soakSink, []string, error) {
+// the churn writes and nftproxy's flags to read them.
+func (s *soak) source(ctx context.Context) (soakSink, []string, error) {
 	if !s.so.manifests {
-		return s.apiSource(ctx, binary)
+		return s.apiSource(ctx)
 	}
 	s.run.Source = soakSourceManifests
 	dir := filepath.Join(s.tmp, "manifests")
@@ -158,18 +150,18 @@ func (s *soak) source(ctx context.Context, binary string) (soakSink, []string, e
 		return nil, nil, fmt.Errorf("make manifest directory: %w", err)
 	}
 	ms := manifestSink{dir: dir}
-	logf("soak: writing %d manifest files", len(s.model.services))
-	for i := range s.model.services {
-		if err := ms.write(ctx, &s.model.services[i], s.model.endpoints(i)); err != nil {
+	logf("soak: writing %d manifest files", len(s.w.services))
+	for i := range s.w.services {
+		if err := ms.write(ctx, &s.w.services[i], s.model.endpoints(i)); err != nil {
 			return nil, nil, err
 		}
 	}
-	return ms, append(nftproxyCommand(binary, "--manifests", dir), "--profiling"), nil
+	return ms, []string{"--manifests", dir}, nil
 }
 
 // apiSource starts an API server, writes the workload to it and relays it
 // into nftproxy's namespace.
-func (s *soak) apiSource(ctx context.Context, binary string) (soakSink, []string, error) {
+func (s *soak) apiSource(ctx context.Context) (soakSink, []string, error) {
 	s.run.Source = soakSourceAPI
 	c, err := startCluster(ctx)
 	if err != nil {
@@ -190,7 +182,7 @@ func (s *soak) apiSource(ctx context.Context, binary string) (soakSink, []string
 		return nil, nil, err
 	}
 	s.closers = append(s.closers, relay.Close)
-	return apiSink{client: c.client}, append(nftproxyCommand(binary, "--kubeconfig", kubeconfig), "--profiling"), nil
+	return apiSink{client: c.client}, []string{"--kubeconfig", kubeconfig}, nil
 }
 
 // start runs nftproxy, waits for it to serve, and reads it at idle.
@@ -201,106 +193,73 @@ func (s *soak) start(ctx context.Context, args []string) error {
 	}
 	s.p = p
 	s.closers = append(s.closers, func() { p.stop(false, 5*time.Second) })
-	s.clients = &soakClients{ns: s.topo.Client, model: s.model.services, recent: newRecentRing(soakRecentChanges),
-		rate: s.so.connRate, timeout: soakConnTimeout, failed: map[string]int{}}
-	if err := soakWaitReady(ctx, p, s.clients); err != nil {
+	if err := s.waitReady(ctx); err != nil {
 		return err
 	}
-	fams, err := p.scrape(ctx)
-	if err != nil {
+	s.began = time.Now()
+	if s.run.Idle, err = s.sample(ctx, "idle"); err != nil {
 		return err
 	}
-	s.syncBefore, s.progBefore = fams.Histogram(syncMetric), fams.Histogram(progMetric)
-	if s.run.Idle, err = soakSample(ctx, p, time.Now(), s.clients, 0); err != nil {
-		return err
-	}
-	s.run.Idle.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("idle"))
-	return err
+	s.syncBefore, s.progBefore = p.fams.Histogram(syncMetric), p.fams.Histogram(progMetric)
+	return nil
 }
 
-// churn runs the churn, the clients and the samples for the duration, and
-// returns when the churn began.
-func (s *soak) churn(ctx context.Context, sink soakSink) (began time.Time, err error) {
-	run, p := s.run, s.p
+// churn runs the churn, the clients and the samples for the duration.
+func (s *soak) churn(ctx context.Context) error {
+	run := s.run
 	cctx, cancel := context.WithTimeout(ctx, s.so.duration)
 	defer cancel()
-	s.history = newAddrHistory()
-	s.writers = startSoakWriters(ctx, sink, s.model.services, soakWorkers, s.history)
 	clientsDone := make(chan struct{})
 	go func() { s.clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
-	began = time.Now()
-	var changes, terminating atomic.Int64
+	s.began = time.Now()
 	churnDone := make(chan error, 1)
-	go func() {
-		churnDone <- soakChurn(cctx, s.model, s.owners, s.writers, s.history, s.clients.recent, s.so, &changes, &terminating)
-	}()
+	go func() { churnDone <- s.replaceAtRate(cctx) }()
 	warmup := min(s.so.duration/10, time.Minute)
 	sampleTick := time.NewTicker(soakSampleEvery)
 	defer sampleTick.Stop()
 	warm := time.After(warmup)
-	lagFrom := 0
-	sample := func() (SoakPoint, error) {
-		pt, err := soakSample(ctx, p, began, s.clients, int(changes.Load()))
-		pt.Terminating = int(terminating.Load())
-		pt.WriteLagMS, lagFrom = s.writers.lagSince(lagFrom)
-		return pt, err
-	}
+	var err error
 	for done := false; !done; {
 		select {
 		case <-cctx.Done():
 			done = true
 		case <-warm:
-			if run.Start, err = sample(); err != nil {
-				return began, err
-			}
-			if run.Start.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("start")); err != nil {
-				return began, err
+			if run.Start, err = s.sample(ctx, "start"); err != nil {
+				return err
 			}
 			logf("soak: start (after %s of churn): %s", warmup, run.Start)
 		case <-sampleTick.C:
-			pt, err := sample()
+			pt, err := s.sample(ctx, "")
 			if err != nil {
-				return began, err
+				return err
 			}
 			run.Samples = append(run.Samples, pt)
 			logf("soak: %s", pt)
 		}
 	}
-	run.End, err = sample()
-	run.DurationS = time.Since(began).Seconds()
-	if err != nil {
-		return began, err
-	}
-	if run.End.LiveHeapMiB, err = p.liveHeap(ctx, s.so.profile("end")); err != nil {
-		return began, err
+	run.DurationS = time.Since(s.began).Seconds()
+	if run.End, err = s.sample(ctx, "end"); err != nil {
+		return err
 	}
 	run.Samples = append(run.Samples, run.End)
 	if err := <-churnDone; err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return began, err
+		return err
 	}
 	<-clientsDone
-	s.writers.close()
-	run.Changes = int(changes.Load())
-	return began, nil
+	s.writers.close(run)
+	run.Changes = s.clients.recent.pushed()
+	return nil
 }
 
-// finish records the writes, the connections, the memory and the syncs of
-// the churn.
-func (s *soak) finish(ctx context.Context, began time.Time) error {
-	run, w := s.run, s.writers
-	run.Writes, run.WriteErrors = int(w.done.Load()), int(w.failed.Load())
-	run.WriteP99MS = quantile(w.latency, 0.99)
-	if w.firstErr != nil {
-		run.FirstError = w.firstErr.Error()
-	}
-	run.FailedBy, run.Failed = s.clients.failures()
-	run.Connections, run.Examples, run.DeadHits = int(s.clients.attempts.Load()), s.clients.examples, int(s.servers.dead.Load())
-	s.servers.mu.Lock()
-	dead := slices.Clone(s.servers.deadAddrs)
-	s.servers.mu.Unlock()
-	for _, d := range dead {
+// finish records the connections, the memory and the syncs of the churn.
+func (s *soak) finish(ctx context.Context) error {
+	run := s.run
+	s.clients.report(run)
+	dead, writes := s.servers.dead.since(0), s.writers.done.since(0)
+	run.DeadHits = len(dead)
+	for _, d := range dead[:min(len(dead), soakFailureExamples)] {
 		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", d.at.UTC().Format("15:04:05.000"), d.addr))
-		run.Examples = append(run.Examples, s.history.describe(d.addr)...)
+		run.Examples = append(run.Examples, describe(writes, d.addr)...)
 	}
 	var err error
 	if _, run.PeakMiB, err = s.p.Memory(); err != nil {
@@ -314,7 +273,7 @@ func (s *soak) finish(ctx context.Context, began time.Time) error {
 	run.SyncP99Bucket = 1000 * prom.Quantile(s.syncBefore, syncAfter, 0.99)
 	run.ProgP50Bucket = 1000 * prom.Quantile(s.progBefore, progAfter, 0.5)
 	run.ProgP99Bucket = 1000 * prom.Quantile(s.progBefore, progAfter, 0.99)
-	took, err := syncTimes(s.p.Log(), began, began.Add(time.Duration(run.DurationS*float64(time.Second))))
+	took, err := syncTimes(s.p.Log(), s.began, s.began.Add(time.Duration(run.DurationS*float64(time.Second))))
 	if err != nil {
 		return err
 	}
@@ -326,107 +285,99 @@ func (s *soak) finish(ctx context.Context, began time.Time) error {
 	return nil
 }
 
-// soakChurn replaces endpoints at the set rate until ctx ends, and removes
-// each replaced endpoint the grace period after the write that made it
-// terminating. It counts the replacements it queued in changes. It keeps to
-// the rate by the clock, making up for ticks a busy machine delays, but
-// not for more than a second behind: a churn the writers cannot keep up
-// with shows as a lower rate.
-func soakChurn(ctx context.Context, m *soakModel, owners *addrOwners, w *soakWriters, history *addrHistory, recent *recentRing, so soakOptions, changes, terminating *atomic.Int64) error {
-	defer func() { terminating.Store(int64(m.terminating)) }()
+// replaceAtRate replaces endpoints at the set rate until ctx ends, and
+// removes each replaced endpoint the grace period after the write that made
+// it terminating. It keeps to the rate by the clock, making up for ticks a
+// busy machine delays, but not for more than a second behind: a churn the
+// writers cannot keep up with shows as a lower rate.
+func (s *soak) replaceAtRate(ctx context.Context) error {
+	m, rate := s.model, int64(s.so.rate)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	type due struct {
-		at   time.Time
-		svc  int
-		addr netip.Addr
+		at time.Time
+		soakChange
 	}
 	var removals []due // in the order their grace started, nearly in time order
-	remove := func(now time.Time) {
-		for len(removals) > 0 && !removals[0].at.After(now) {
-			d := removals[0]
-			removals = removals[1:]
-			// The pod exits, then its endpoint goes.
-			owners.clear(d.addr)
-			m.remove(d.svc, d.addr)
-			history.add(d.addr, evPodExited, d.svc)
-			w.queue(soakWrite{svc: d.svc, endpoints: m.endpoints(d.svc), removed: d.addr})
-		}
-	}
 	began, skipped := time.Now(), int64(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case job := <-w.written:
-			removals = append(removals, due{at: time.Now().Add(so.grace), svc: job.svc, addr: job.retiring})
+		case job := <-s.writers.written:
+			removals = append(removals, due{time.Now().Add(s.so.grace), soakChange{svc: job.svc, removed: job.retiring}})
 		case now := <-tick.C:
-			remove(now)
-			terminating.Store(int64(m.terminating))
-			owed := int64(now.Sub(began).Seconds()*float64(so.rate)) - skipped - changes.Load()
-			if owed > int64(so.rate) {
-				skipped += owed - int64(so.rate)
-				owed = int64(so.rate)
+			for len(removals) > 0 && !removals[0].at.After(now) {
+				c := removals[0].soakChange
+				removals = removals[1:]
+				m.remove(c.svc, c.removed)
+				s.writers.queue(c, m.endpoints(c.svc))
+			}
+			owed := int64(now.Sub(began).Seconds()*float64(rate)) - skipped - int64(s.clients.recent.pushed())
+			if owed > rate {
+				skipped += owed - rate
+				owed = rate
 			}
 			for range owed {
-				r, ok := m.replace()
+				c, ok := m.replace()
 				if !ok {
 					return errors.New("churn: no endpoint to replace (address pool empty)")
 				}
-				owners.set(r.added, r.svc)
-				history.add(r.added, evAddedQueued, r.svc)
-				history.add(r.retiring, evRetiringQueued, r.svc)
-				w.queue(soakWrite{svc: r.svc, endpoints: m.endpoints(r.svc), retiring: r.retiring, added: r.added})
-				recent.push(r.svc)
-				changes.Add(1)
+				s.writers.queue(c, m.endpoints(c.svc))
+				s.clients.recent.push(c.svc)
 			}
 		}
 	}
 }
 
-// soakWaitReady waits for nftproxy's first sync and for connections to the
+// waitReady waits for nftproxy's first sync and for connections to the
 // first, the middle and the last service to go through.
-func soakWaitReady(ctx context.Context, p *proxy, c *soakClients) error {
-	began := time.Now()
+func (s *soak) waitReady(ctx context.Context) error {
+	began, n := time.Now(), len(s.w.services)
 	for {
-		if p.Exited() {
-			return fmt.Errorf("nftproxy exited: %s", p.LogTail(5))
+		if s.p.Exited() {
+			return fmt.Errorf("nftproxy exited: %s", s.p.LogTail(5))
 		}
 		if time.Since(began) > soakReadyTimeout {
-			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, p.LogTail(5))
+			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, s.p.LogTail(5))
 		}
-		if h, err := p.histogram(ctx, syncMetric); err == nil && h.Count > 0 {
-			n := len(c.model)
-			ok := true
-			for _, svc := range []int{0, n / 2, n - 1} {
-				probe := &soakClients{ns: c.ns, model: c.model, timeout: time.Second, failed: map[string]int{}}
-				probe.connect(svc)
-				ok = ok && probe.ok.Load() == 1
+		h, err := s.p.histogram(ctx, syncMetric)
+		ready := err == nil && h.Count > 0
+		for _, svc := range []int{0, n / 2, n - 1} {
+			if ready {
+				kind, _ := s.clients.ask(svc, time.Second)
+				ready = kind == ""
 			}
-			if ok {
-				return nil
-			}
+		}
+		if ready {
+			return nil
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
-// soakSample reads the daemon's RSS, goroutines and syncs.
-func soakSample(ctx context.Context, p *proxy, began time.Time, c *soakClients, changes int) (SoakPoint, error) {
-	pt := SoakPoint{AtS: time.Since(began).Round(time.Second).Seconds(), Changes: changes, Connections: int(c.attempts.Load())}
-	_, pt.Failed = c.failures()
-	rss, _, err := p.Memory()
-	if err != nil {
+// sample reads the daemon's RSS, goroutines and syncs, and the churn's
+// figures so far; at a point of the report (idle, start, end) also its
+// live heap.
+func (s *soak) sample(ctx context.Context, point string) (pt SoakPoint, err error) {
+	c := s.clients
+	pt = SoakPoint{AtS: time.Since(s.began).Round(time.Second).Seconds(), Changes: c.recent.pushed(), Connections: int(c.attempts.Load()),
+		Failed: len(c.failed.since(0)), Terminating: int(s.model.terminating.Load())}
+	pt.WriteLagMS, s.lagFrom = s.writers.lagSince(s.lagFrom)
+	if pt.RSSMiB, _, err = s.p.Memory(); err != nil {
 		return pt, err
 	}
-	pt.RSSMiB = rss
-	h, err := p.histogram(ctx, syncMetric)
+	h, err := s.p.histogram(ctx, syncMetric)
 	if err != nil {
 		return pt, err
 	}
 	pt.Syncs = h.Count
-	g, err := p.gauge("go_goroutines")
+	g, err := s.p.gauge("go_goroutines")
 	pt.Goroutines = int(g)
+	if err != nil || point == "" {
+		return pt, err
+	}
+	pt.LiveHeapMiB, err = s.p.liveHeap(ctx, s.so.profile(point))
 	return pt, err
 }
 

@@ -19,22 +19,19 @@ import (
 // ones exist, and applies each write within the grace period, fails no
 // connection.
 
-// soakModel is the churned API state: every service's endpoints and the pool
-// of pod addresses not in use. One goroutine owns it.
+// soakModel is the churned API state: every service's endpoints (the
+// services' names and ClusterIPs are the workload's, which never change),
+// the pods at their addresses, and the pool of pod addresses not in use.
+// One goroutine owns it.
 type soakModel struct {
-	services []soakService
-	free     []netip.Addr // FIFO: a freed address comes back last, long after its rules are gone
-	rng      *rand.Rand
+	endpointsOf [][]soakEndpoint // by service
+	owners      *addrOwners      // a pod runs at every endpoint's address
+	free        []netip.Addr     // FIFO: a freed address comes back last, long after its rules are gone
+	rng         *rand.Rand
 	// terminating counts the endpoints that are terminating: what the
 	// churn adds to the steady endpoints, the grace period (and any lag
-	// of the writes) times the rate.
-	terminating int
-}
-
-type soakService struct {
-	name      string
-	clusterIP netip.Addr
-	endpoints []soakEndpoint
+	// of the writes) times the rate. The samples read it as the churn runs.
+	terminating atomic.Int64
 }
 
 type soakEndpoint struct {
@@ -45,42 +42,42 @@ type soakEndpoint struct {
 // newSoakModel starts from the workload's services, every endpoint ready;
 // the pool is every address of pool the workload does not use.
 func newSoakModel(w *workload, pool netip.Prefix, seed uint64) *soakModel {
-	m := &soakModel{rng: rand.New(rand.NewPCG(seed, seed))}
-	used := map[netip.Addr]bool{}
-	for _, s := range w.services {
-		ss := soakService{name: s.name, clusterIP: s.clusterIP}
+	m := &soakModel{owners: newAddrOwners(pool), rng: rand.New(rand.NewPCG(seed, seed))}
+	for i, s := range w.services {
+		var eps []soakEndpoint
 		for _, a := range s.endpoints {
-			ss.endpoints = append(ss.endpoints, soakEndpoint{addr: a})
-			used[a] = true
+			eps = append(eps, soakEndpoint{addr: a})
+			m.owners.set(a, i)
 		}
-		m.services = append(m.services, ss)
+		m.endpointsOf = append(m.endpointsOf, eps)
 	}
 	for a := pool.Addr(); pool.Contains(a); a = a.Next() {
-		if !used[a] {
+		if _, used := m.owners.get(a); !used {
 			m.free = append(m.free, a)
 		}
 	}
 	return m
 }
 
-// replacement is one change: in service svc, added joins as ready and
-// retiring becomes terminating.
-type replacement struct {
-	svc      int
-	added    netip.Addr
-	retiring netip.Addr
+// soakChange is one slice write of the churn in service svc: a replacement,
+// where added joins as ready and retiring becomes terminating, or the
+// removal of a terminating endpoint.
+type soakChange struct {
+	svc                      int
+	added, retiring, removed netip.Addr
 }
 
-// replace starts replacing a random ready endpoint of a random service; ok
-// is false when the pool is empty or the service has no ready endpoint.
-func (m *soakModel) replace() (r replacement, ok bool) {
+// replace starts replacing a random ready endpoint of a random service: the
+// new pod starts, and its endpoint joins. ok is false when the pool is empty
+// or the service has no ready endpoint.
+func (m *soakModel) replace() (r soakChange, ok bool) {
 	if len(m.free) == 0 {
 		return r, false
 	}
-	r.svc = m.rng.IntN(len(m.services))
-	s := &m.services[r.svc]
+	r.svc = m.rng.IntN(len(m.endpointsOf))
+	eps := m.endpointsOf[r.svc]
 	var ready []int
-	for i, e := range s.endpoints {
+	for i, e := range eps {
 		if !e.terminating {
 			ready = append(ready, i)
 		}
@@ -88,22 +85,23 @@ func (m *soakModel) replace() (r replacement, ok bool) {
 	if len(ready) == 0 {
 		return r, false
 	}
-	old := &s.endpoints[ready[m.rng.IntN(len(ready))]]
+	old := &eps[ready[m.rng.IntN(len(ready))]]
 	old.terminating = true
-	m.terminating++
+	m.terminating.Add(1)
 	r.retiring, r.added = old.addr, m.free[0]
 	m.free = m.free[1:]
-	s.endpoints = append(s.endpoints, soakEndpoint{addr: r.added})
+	m.owners.set(r.added, r.svc)
+	m.endpointsOf[r.svc] = append(eps, soakEndpoint{addr: r.added})
 	return r, true
 }
 
-// remove takes a terminating endpoint out of its service and gives its
-// address back to the pool.
+// remove stops the pod of a terminating endpoint, then takes the endpoint
+// out of its service and gives its address back to the pool.
 func (m *soakModel) remove(svc int, addr netip.Addr) {
-	s := &m.services[svc]
-	s.endpoints = slices.DeleteFunc(s.endpoints, func(e soakEndpoint) bool {
+	m.owners.clear(addr)
+	m.endpointsOf[svc] = slices.DeleteFunc(m.endpointsOf[svc], func(e soakEndpoint) bool {
 		if e.addr == addr && e.terminating {
-			m.terminating--
+			m.terminating.Add(-1)
 		}
 		return e.addr == addr
 	})
@@ -113,7 +111,7 @@ func (m *soakModel) remove(svc int, addr netip.Addr) {
 // endpoints returns a copy of the service's endpoints, for a writer that
 // runs while the model moves on.
 func (m *soakModel) endpoints(svc int) []soakEndpoint {
-	return slices.Clone(m.services[svc].endpoints)
+	return slices.Clone(m.endpointsOf[svc])
 }
 
 // addrOwners says which service each address of the pool belongs to, while
@@ -129,13 +127,10 @@ func newAddrOwners(pool netip.Prefix) *addrOwners {
 }
 
 func (o *addrOwners) index(a netip.Addr) (int, bool) {
-	if !a.Is4() || !o.pool.Contains(a) {
+	if !o.pool.Contains(a) {
 		return 0, false
 	}
-	b, p := a.As4(), o.pool.Addr().As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	base := uint32(p[0])<<24 | uint32(p[1])<<16 | uint32(p[2])<<8 | uint32(p[3])
-	return int(v - base), true
+	return int(addrValue(a) - addrValue(o.pool.Addr())), true
 }
 
 // set starts the pod at a for service svc.
@@ -166,7 +161,7 @@ func (o *addrOwners) get(a netip.Addr) (svc int, ok bool) {
 // services in the middle of a change. Safe for concurrent use.
 type recentRing struct {
 	slots []atomic.Int32
-	next  atomic.Uint64
+	next  atomic.Uint64 // every push so far: the churn's replacements
 }
 
 func newRecentRing(n int) *recentRing { return &recentRing{slots: make([]atomic.Int32, n)} }
@@ -175,6 +170,9 @@ func (r *recentRing) push(svc int) {
 	i := r.next.Add(1) - 1
 	r.slots[i%uint64(len(r.slots))].Store(int32(svc + 1))
 }
+
+// pushed returns how many services were pushed so far.
+func (r *recentRing) pushed() int { return int(r.next.Load()) }
 
 // pick returns a recently changed service; ok is false before any change.
 func (r *recentRing) pick(rng *rand.Rand) (int, bool) {
@@ -186,51 +184,52 @@ func (r *recentRing) pick(rng *rand.Rand) (int, bool) {
 	return int(v) - 1, v != 0
 }
 
-// What happened to an address, for the report of a connection that reached
-// one with no pod.
-const (
-	evAddedQueued = iota
-	evAddedWritten
-	evRetiringQueued
-	evRetiringWritten
-	evPodExited // and its endpoint's removal queued
-	evRemovedWritten
-)
+// eventLog keeps what goroutines record, in order, for the samples and the
+// report. Safe for concurrent use.
+type eventLog[T any] struct {
+	mu  sync.Mutex
+	all []T
+}
 
+func (l *eventLog[T]) add(v T) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, v)
+}
+
+// since returns a copy of what was recorded after the first from.
+func (l *eventLog[T]) since(from int) []T {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all[min(from, len(l.all)):])
+}
+
+// What happened to an address, for the report of a connection that reached
+// one with no pod: a change's added, retiring and removed endpoint, each
+// queued then written.
 var evNames = []string{"added as ready, queued", "added as ready, written", "made terminating, queued",
 	"made terminating, written", "pod exited, removal queued", "removal written"}
 
-type addrEvent struct {
-	at  time.Time
-	ev  uint8
-	svc int32
-}
-
-// addrHistory records what happened to each address. Safe for concurrent
-// use.
-type addrHistory struct {
-	mu     sync.Mutex
-	events map[netip.Addr][]addrEvent
-}
-
-func newAddrHistory() *addrHistory { return &addrHistory{events: map[netip.Addr][]addrEvent{}} }
-
-func (h *addrHistory) add(a netip.Addr, ev uint8, svc int) {
-	if !a.IsValid() {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.events[a] = append(h.events[a], addrEvent{at: time.Now(), ev: ev, svc: int32(svc)})
-}
-
-// describe returns the address's history, one event a line.
-func (h *addrHistory) describe(a netip.Addr) []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+// describe returns what the writes did to the address, one event a line in
+// time order (the lines start with the time).
+func describe(writes []soakWrite, a netip.Addr) []string {
 	var out []string
-	for _, e := range h.events[a] {
-		out = append(out, fmt.Sprintf("%s %s svc %d: %s", e.at.UTC().Format("15:04:05.000"), a, e.svc, evNames[e.ev]))
+	for _, w := range writes {
+		line := func(at time.Time, what string) {
+			out = append(out, fmt.Sprintf("%s %s svc %d: %s", at.UTC().Format("15:04:05.000"), a, w.svc, what))
+		}
+		for i, b := range []netip.Addr{w.added, w.retiring, w.removed} {
+			if b != a {
+				continue
+			}
+			written := evNames[2*i+1]
+			if w.err != nil {
+				written = "write failed"
+			}
+			line(w.queued, evNames[2*i])
+			line(w.written, written)
+		}
 	}
+	slices.Sort(out)
 	return out
 }

@@ -37,9 +37,9 @@ func TestSoakModelKeepsServicesReady(t *testing.T) {
 			retiring = retiring[1:]
 		}
 		owner := map[netip.Addr]int{}
-		for i, s := range m.services {
+		for i, eps := range m.endpointsOf {
 			ready := 0
-			for _, e := range s.endpoints {
+			for _, e := range eps {
 				if !e.terminating {
 					ready++
 				}
@@ -57,8 +57,8 @@ func TestSoakModelKeepsServicesReady(t *testing.T) {
 				t.Fatalf("step %d: %s is free and in use", step, a)
 			}
 		}
-		if m.terminating != len(retiring) {
-			t.Fatalf("step %d: %d terminating counted, want %d", step, m.terminating, len(retiring))
+		if m.terminating.Load() != int64(len(retiring)) {
+			t.Fatalf("step %d: %d terminating counted, want %d", step, m.terminating.Load(), len(retiring))
 		}
 		if len(owner)+len(m.free) != 1024 {
 			t.Fatalf("step %d: %d in use + %d free, want 1024", step, len(owner), len(m.free))

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -39,10 +39,7 @@ type soakServers struct {
 	owners *addrOwners
 	ls     []net.Listener
 	wg     sync.WaitGroup
-	dead   atomic.Int64 // connections that reached an address with no pod
-
-	mu        sync.Mutex
-	deadAddrs []deadHit // the first few
+	dead   eventLog[deadHit] // connections that reached an address with no pod
 }
 
 type deadHit struct {
@@ -89,12 +86,7 @@ func (s *soakServers) answer(c net.Conn) {
 	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
 	svc, ok := s.owners.get(local.Addr())
 	if !ok {
-		s.dead.Add(1)
-		s.mu.Lock()
-		if len(s.deadAddrs) < soakFailureExamples {
-			s.deadAddrs = append(s.deadAddrs, deadHit{time.Now(), local.Addr()})
-		}
-		s.mu.Unlock()
+		s.dead.add(deadHit{time.Now(), local.Addr()})
 		if tc, isTCP := c.(*net.TCPConn); isTCP {
 			_ = tc.SetLinger(0)
 		}
@@ -122,16 +114,18 @@ const (
 // soakClients connect from the client namespace through the services'
 // ClusterIPs, half to services that changed last, half to any service.
 type soakClients struct {
-	ns      *netns.NS
-	model   []soakService // names and ClusterIPs only: they never change
-	recent  *recentRing
-	rate    int // connections a second
-	timeout time.Duration
+	ns       *netns.NS
+	services []wlService
+	recent   *recentRing
+	rate     int // connections a second
 
-	attempts, ok atomic.Int64
-	mu           sync.Mutex
-	failed       map[string]int
-	examples     []string // the first few failures, for the report
+	attempts atomic.Int64
+	failed   eventLog[soakFailure]
+}
+
+type soakFailure struct {
+	at         time.Time
+	kind, what string
 }
 
 const soakFailureExamples = 5
@@ -151,7 +145,7 @@ func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
 			return
 		case <-tick.C:
 		}
-		svc := rng.IntN(len(c.model))
+		svc := rng.IntN(len(c.services))
 		if rng.IntN(2) == 0 {
 			if r, ok := c.recent.pick(rng); ok {
 				svc = r
@@ -169,54 +163,48 @@ func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
 	}
 }
 
-// connect makes one connection to the service and checks who answered.
+// connect makes one connection to the service and records how it failed.
 func (c *soakClients) connect(svc int) {
 	c.attempts.Add(1)
-	s := &c.model[svc]
-	dst := netip.AddrPortFrom(s.clusterIP, servicePort).String()
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	if kind, what := c.ask(svc, soakConnTimeout); kind != "" {
+		c.failed.add(soakFailure{time.Now(), kind, what})
+	}
+}
+
+// ask connects to the service and checks who answered; kind is "" when its
+// own pod did, or else says what went wrong.
+func (c *soakClients) ask(svc int, timeout time.Duration) (kind, what string) {
+	s := &c.services[svc]
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	conn, err := c.ns.Dial(ctx, "tcp", dst)
-	if err != nil {
-		c.fail(failConnect, fmt.Sprintf("%s (%s): %v", s.name, dst, err))
-		return
+	line, err := c.ns.AskTCP(ctx, netip.AddrPortFrom(s.clusterIP, servicePort))
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		return failConnect, fmt.Sprintf("%s: %v", s.name, err)
+	case err != nil:
+		return failNoAnswer, fmt.Sprintf("%s: %v", s.name, err)
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(c.timeout))
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		c.fail(failNoAnswer, fmt.Sprintf("%s (%s): %v", s.name, dst, err))
-		return
-	}
-	addr, owner, ok := strings.Cut(strings.TrimSpace(line), " ")
+	addr, owner, ok := strings.Cut(line, " ")
 	got, err := strconv.Atoi(owner)
-	if !ok || err != nil {
-		c.fail(failBadAnswer, fmt.Sprintf("%s (%s): %q", s.name, dst, line))
-		return
+	switch {
+	case !ok || err != nil:
+		return failBadAnswer, fmt.Sprintf("%s: %q", s.name, line)
+	case got != svc:
+		return failWrongSvc, fmt.Sprintf("%s: answered by %s of %s", s.name, addr, c.services[got].name)
 	}
-	if got != svc {
-		c.fail(failWrongSvc, fmt.Sprintf("%s (%s): answered by %s of %s", s.name, dst, addr, c.model[got].name))
-		return
-	}
-	c.ok.Add(1)
+	return "", ""
 }
 
-func (c *soakClients) fail(kind, what string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.failed[kind]++
-	if len(c.examples) < soakFailureExamples {
-		c.examples = append(c.examples, time.Now().UTC().Format("15:04:05.000")+" "+kind+": "+what)
+// report records the connections in run: how many, how many failed by
+// kind, and the first few failures.
+func (c *soakClients) report(run *SoakRun) {
+	failed := c.failed.since(0)
+	run.Connections, run.Failed, run.FailedBy = int(c.attempts.Load()), len(failed), map[string]int{}
+	for i, f := range failed {
+		run.FailedBy[f.kind]++
+		if i < soakFailureExamples {
+			run.Examples = append(run.Examples, f.at.UTC().Format("15:04:05.000")+" "+f.kind+": "+f.what)
+		}
 	}
-}
-
-// failures returns the failed connections so far, by kind, and their total.
-func (c *soakClients) failures() (map[string]int, int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out, n := map[string]int{}, 0
-	for k, v := range c.failed {
-		out[k], n = v, n+v
-	}
-	return out, n
 }

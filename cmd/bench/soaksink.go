@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -21,7 +19,7 @@ import (
 
 // soakSink writes one service's EndpointSlice where nftproxy reads it.
 type soakSink interface {
-	write(ctx context.Context, s *soakService, eps []soakEndpoint) error
+	write(ctx context.Context, s *wlService, eps []soakEndpoint) error
 }
 
 // soakSlice is the EndpointSlice of a soak service: its one slice (the
@@ -30,7 +28,7 @@ type soakSink interface {
 // is shutting down. It carries the time of the change as the controller's
 // last-change-trigger-time, from which the proxy measures network
 // programming latency (the SLI the soak reports).
-func soakSlice(s *soakService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
+func soakSlice(s *wlService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
 	es := sliceObject(s.name, 0, nil, nil)
 	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}
 	for _, e := range eps {
@@ -46,7 +44,7 @@ func soakSlice(s *soakService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
 // apiSink writes slices through the API server.
 type apiSink struct{ client kubernetes.Interface }
 
-func (a apiSink) write(ctx context.Context, s *soakService, eps []soakEndpoint) error {
+func (a apiSink) write(ctx context.Context, s *wlService, eps []soakEndpoint) error {
 	es := soakSlice(s, eps)
 	// No resourceVersion: the soak is the slices' only writer, and an
 	// unconditional update saves reading each slice first.
@@ -60,7 +58,7 @@ func (a apiSink) write(ctx context.Context, s *soakService, eps []soakEndpoint) 
 // a rename as WatchDir wants.
 type manifestSink struct{ dir string }
 
-func (m manifestSink) write(_ context.Context, s *soakService, eps []soakEndpoint) error {
+func (m manifestSink) write(_ context.Context, s *wlService, eps []soakEndpoint) error {
 	svc := serviceObject(s.name, s.clusterIP)
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
 	es := soakSlice(s, eps)
@@ -87,37 +85,31 @@ func (m manifestSink) write(_ context.Context, s *soakService, eps []soakEndpoin
 	return nil
 }
 
-// soakWrite is one slice write: the service's endpoints when it was queued.
+// soakWrite is one slice write: the service's endpoints when it was queued,
+// and once done, when and how it ended.
 type soakWrite struct {
-	svc       int
-	endpoints []soakEndpoint
-	retiring  netip.Addr // a replacement's endpoint turned terminating; zero for a removal
-	added     netip.Addr // a replacement's new endpoint
-	removed   netip.Addr // a removal's endpoint
-	queued    time.Time
+	soakChange
+	endpoints       []soakEndpoint // nil once done
+	queued, written time.Time
+	err             error // of the last try
 }
 
 // soakWriters write slices with a pool of workers; every write of a service
 // goes to the same worker, so a service's writes land in order.
 type soakWriters struct {
 	sink     soakSink
-	services []soakService
+	services []wlService
 	queues   []chan soakWrite
 	written  chan soakWrite // replacements once written: their grace starts
-	history  *addrHistory
 	wg       sync.WaitGroup
-
-	done, failed atomic.Int64
-	mu           sync.Mutex
-	latency      []float64 // ms from queued to written
-	firstErr     error
+	done     eventLog[soakWrite] // in the order they ended
 }
 
 // soakWriteTries is how often a write is tried before it counts as failed.
 const soakWriteTries = 3
 
-func startSoakWriters(ctx context.Context, sink soakSink, services []soakService, workers int, history *addrHistory) *soakWriters {
-	w := &soakWriters{sink: sink, services: services, written: make(chan soakWrite, 1<<16), history: history}
+func startSoakWriters(ctx context.Context, sink soakSink, services []wlService, workers int) *soakWriters {
+	w := &soakWriters{sink: sink, services: services, written: make(chan soakWrite, 1<<16)}
 	for range workers {
 		q := make(chan soakWrite, 256)
 		w.queues = append(w.queues, q)
@@ -130,64 +122,63 @@ func startSoakWriters(ctx context.Context, sink soakSink, services []soakService
 	return w
 }
 
-// queue hands a write to its service's worker; it blocks while that worker
-// is behind.
-func (w *soakWriters) queue(job soakWrite) {
-	job.queued = time.Now()
-	w.queues[job.svc%len(w.queues)] <- job
+// queue hands a change with the service's endpoints after it to its
+// service's worker; it blocks while that worker is behind.
+func (w *soakWriters) queue(c soakChange, endpoints []soakEndpoint) {
+	w.queues[c.svc%len(w.queues)] <- soakWrite{soakChange: c, endpoints: endpoints, queued: time.Now()}
 }
 
 func (w *soakWriters) do(ctx context.Context, job soakWrite) {
-	var err error
 	for try := range soakWriteTries {
 		if try > 0 {
 			time.Sleep(100 * time.Millisecond)
 		}
-		if err = w.sink.write(ctx, &w.services[job.svc], job.endpoints); err == nil || ctx.Err() != nil {
+		if job.err = w.sink.write(ctx, &w.services[job.svc], job.endpoints); job.err == nil || ctx.Err() != nil {
 			break
 		}
 	}
-	if err != nil {
-		w.failed.Add(1)
-		w.mu.Lock()
-		if w.firstErr == nil {
-			w.firstErr = err
-		}
-		w.mu.Unlock()
-		return
-	}
-	w.done.Add(1)
-	w.mu.Lock()
-	w.latency = append(w.latency, ms(time.Since(job.queued)))
-	w.mu.Unlock()
-	w.history.add(job.added, evAddedWritten, job.svc)
-	w.history.add(job.retiring, evRetiringWritten, job.svc)
-	w.history.add(job.removed, evRemovedWritten, job.svc)
-	if job.retiring.IsValid() {
+	job.written, job.endpoints = time.Now(), nil
+	w.done.add(job)
+	if job.err == nil && job.retiring.IsValid() {
 		w.written <- job
 	}
 }
 
-// lagSince returns the mean queued-to-written time of the writes after the
-// first from, and how many writes there are now.
+// lagSince returns the mean queued-to-written time of the writes done
+// after the first from, and how many are done now.
 func (w *soakWriters) lagSince(from int) (mean float64, n int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n = len(w.latency)
-	if n <= from {
-		return 0, n
+	writes := w.done.since(from)
+	lat := writeLatencies(writes)
+	for _, v := range lat {
+		mean += v / float64(len(lat))
 	}
-	sum := 0.0
-	for _, v := range w.latency[from:] {
-		sum += v
-	}
-	return sum / float64(n-from), n
+	return mean, from + len(writes)
 }
 
-// close waits for every queued write.
-func (w *soakWriters) close() {
+// writeLatencies returns the queued-to-written times of the writes that
+// went through, in milliseconds.
+func writeLatencies(writes []soakWrite) []float64 {
+	var out []float64
+	for _, j := range writes {
+		if j.err == nil {
+			out = append(out, ms(j.written.Sub(j.queued)))
+		}
+	}
+	return out
+}
+
+// close waits for every queued write, and records the writes in run.
+func (w *soakWriters) close(run *SoakRun) {
 	for _, q := range w.queues {
 		close(q)
 	}
 	w.wg.Wait()
+	writes := w.done.since(0)
+	lat := writeLatencies(writes)
+	run.Writes, run.WriteErrors, run.WriteP99MS = len(lat), len(writes)-len(lat), quantile(lat, 0.99)
+	for _, j := range writes {
+		if j.err != nil && run.FirstError == "" {
+			run.FirstError = j.err.Error()
+		}
+	}
 }
