@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -34,15 +36,6 @@ type soakOptions struct {
 	profiles  string // directory for the daemon's heap profiles; none when empty
 }
 
-// profile returns where the heap profile of a point of the soak goes, ""
-// for none.
-func (so soakOptions) profile(point string) string {
-	if so.profiles == "" {
-		return ""
-	}
-	return filepath.Join(so.profiles, "soak-heap-"+point+".pb.gz")
-}
-
 // Fixed shape of the soak.
 const (
 	soakEndpoints     = 3
@@ -59,6 +52,7 @@ const (
 // nftproxy with its clients.
 type soak struct {
 	so      soakOptions
+	binary  string // nftproxy's
 	run     *SoakRun
 	w       *workload
 	model   *soakModel
@@ -80,31 +74,17 @@ func soakPhase(res *Results, o *options) error {
 	if _, err := os.Stat(o.nftproxy); err != nil {
 		return fmt.Errorf("find nftproxy (make build): %w", err)
 	}
-	s := &soak{so: so, run: &SoakRun{Started: time.Now().UTC(), Command: so.command, Services: so.services, Endpoints: soakEndpoints,
-		TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate, Load: []string{loadAverage()}}}
+	s := &soak{so: so, binary: o.nftproxy, run: &SoakRun{Started: time.Now().UTC(), Command: so.command, Services: so.services,
+		Endpoints: soakEndpoints, TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate, Load: []string{loadAverage()}}}
 	defer func() {
 		for i := len(s.closers) - 1; i >= 0; i-- {
 			s.closers[i]()
 		}
 	}()
-	ctx := context.Background()
-	if err := s.setUp(); err != nil {
-		return err
-	}
-	sink, source, err := s.source(ctx)
-	if err != nil {
-		return err
-	}
-	s.writers = startSoakWriters(ctx, sink, s.w.services, soakWorkers)
-	if err := s.start(ctx, append(nftproxyCommand(o.nftproxy, source...), "--profiling")); err != nil {
-		return err
-	}
-	logf("soak: nftproxy synced %d services; idle: %s", so.services, s.run.Idle)
-	if err := s.churn(ctx); err != nil {
-		return err
-	}
-	if err := s.finish(ctx); err != nil {
-		return err
+	for _, step := range []func(context.Context) error{s.setUp, s.start, s.churn, s.finish} {
+		if err := step(context.Background()); err != nil {
+			return err
+		}
 	}
 	res.Soak = s.run
 	for _, line := range s.run.summary() {
@@ -117,7 +97,7 @@ func soakPhase(res *Results, o *options) error {
 }
 
 // setUp builds the churned state, the topology, its pods and their clients.
-func (s *soak) setUp() error {
+func (s *soak) setUp(context.Context) error {
 	s.w = workloadSpec{name: "soak", services: s.so.services, width: uniform(soakEndpoints), unplaced: true}.generate()
 	s.model = newSoakModel(s.w, soakPool, soakSeed)
 	var err error
@@ -138,12 +118,9 @@ func (s *soak) setUp() error {
 	return nil
 }
 
-// source writes the services where nftproxy reads them, and returns where
-// the churn writes and nftproxy's flags to read them.
-func (s *soak) source(ctx context.Context) (soakSink, []string, error) {
-	if !s.so.manifests {
-		return s.apiSource(ctx)
-	}
+// manifestSource writes the services to a manifest directory, and returns
+// it as where the churn writes, with nftproxy's flags to read it.
+func (s *soak) manifestSource(ctx context.Context) (soakSink, []string, error) {
 	s.run.Source = soakSourceManifests
 	dir := filepath.Join(s.tmp, "manifests")
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -160,7 +137,7 @@ func (s *soak) source(ctx context.Context) (soakSink, []string, error) {
 }
 
 // apiSource starts an API server, writes the workload to it and relays it
-// into nftproxy's namespace.
+// into nftproxy's namespace, like manifestSource.
 func (s *soak) apiSource(ctx context.Context) (soakSink, []string, error) {
 	s.run.Source = soakSourceAPI
 	c, err := startCluster(ctx)
@@ -185,9 +162,20 @@ func (s *soak) apiSource(ctx context.Context) (soakSink, []string, error) {
 	return apiSink{client: c.client}, []string{"--kubeconfig", kubeconfig}, nil
 }
 
-// start runs nftproxy, waits for it to serve, and reads it at idle.
-func (s *soak) start(ctx context.Context, args []string) error {
-	p, err := startProxy("nftproxy", s.topo.Node, nil, args...)
+// start writes the services where nftproxy reads them and starts the
+// churn's writers there, then runs nftproxy, waits for it to serve, and
+// reads it at idle.
+func (s *soak) start(ctx context.Context) error {
+	source := s.apiSource
+	if s.so.manifests {
+		source = s.manifestSource
+	}
+	sink, flags, err := source(ctx)
+	if err != nil {
+		return err
+	}
+	s.writers = startSoakWriters(ctx, sink, s.w.services, soakWorkers)
+	p, err := startProxy("nftproxy", s.topo.Node, nil, append(nftproxyCommand(s.binary, flags...), "--profiling")...)
 	if err != nil {
 		return err
 	}
@@ -201,6 +189,7 @@ func (s *soak) start(ctx context.Context, args []string) error {
 		return err
 	}
 	s.syncBefore, s.progBefore = p.fams.Histogram(syncMetric), p.fams.Histogram(progMetric)
+	logf("soak: nftproxy synced %d services; idle: %s", s.so.services, s.run.Idle)
 	return nil
 }
 
@@ -209,11 +198,11 @@ func (s *soak) churn(ctx context.Context) error {
 	run := s.run
 	cctx, cancel := context.WithTimeout(ctx, s.so.duration)
 	defer cancel()
-	clientsDone := make(chan struct{})
-	go func() { s.clients.run(cctx, soakInflight, soakSeed); close(clientsDone) }()
 	s.began = time.Now()
-	churnDone := make(chan error, 1)
-	go func() { churnDone <- s.replaceAtRate(cctx) }()
+	var wg sync.WaitGroup
+	var churnErr error
+	wg.Go(func() { s.clients.run(cctx, soakInflight, soakSeed) })
+	wg.Go(func() { churnErr = s.replaceAtRate(cctx) })
 	warmup := min(s.so.duration/10, time.Minute)
 	sampleTick := time.NewTicker(soakSampleEvery)
 	defer sampleTick.Stop()
@@ -242,10 +231,10 @@ func (s *soak) churn(ctx context.Context) error {
 		return err
 	}
 	run.Samples = append(run.Samples, run.End)
-	if err := <-churnDone; err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+	wg.Wait()
+	if churnErr != nil && !errors.Is(churnErr, context.DeadlineExceeded) {
+		return churnErr
 	}
-	<-clientsDone
 	s.writers.close(run)
 	run.Changes = s.clients.recent.pushed()
 	return nil
@@ -258,7 +247,7 @@ func (s *soak) finish(ctx context.Context) error {
 	dead, writes := s.servers.dead.since(0), s.writers.done.since(0)
 	run.DeadHits = len(dead)
 	for _, d := range dead[:min(len(dead), soakFailureExamples)] {
-		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", d.at.UTC().Format("15:04:05.000"), d.addr))
+		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", stamp(d.at), d.addr))
 		run.Examples = append(run.Examples, describe(writes, d.addr)...)
 	}
 	var err error
@@ -342,14 +331,10 @@ func (s *soak) waitReady(ctx context.Context) error {
 			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, s.p.LogTail(5))
 		}
 		h, err := s.p.histogram(ctx, syncMetric)
-		ready := err == nil && h.Count > 0
-		for _, svc := range []int{0, n / 2, n - 1} {
-			if ready {
-				kind, _ := s.clients.ask(svc, time.Second)
-				ready = kind == ""
-			}
-		}
-		if ready {
+		if err == nil && h.Count > 0 && !slices.ContainsFunc([]int{0, n / 2, n - 1}, func(svc int) bool {
+			kind, _ := s.clients.ask(svc, time.Second)
+			return kind != ""
+		}) {
 			return nil
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -377,7 +362,11 @@ func (s *soak) sample(ctx context.Context, point string) (pt SoakPoint, err erro
 	if err != nil || point == "" {
 		return pt, err
 	}
-	pt.LiveHeapMiB, err = s.p.liveHeap(ctx, s.so.profile(point))
+	profile := ""
+	if s.so.profiles != "" {
+		profile = filepath.Join(s.so.profiles, "soak-heap-"+point+".pb.gz")
+	}
+	pt.LiveHeapMiB, err = s.p.liveHeap(ctx, profile)
 	return pt, err
 }
 

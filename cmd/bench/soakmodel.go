@@ -98,7 +98,7 @@ func (m *soakModel) replace() (r soakChange, ok bool) {
 // remove stops the pod of a terminating endpoint, then takes the endpoint
 // out of its service and gives its address back to the pool.
 func (m *soakModel) remove(svc int, addr netip.Addr) {
-	m.owners.clear(addr)
+	m.owners.set(addr, -1)
 	m.endpointsOf[svc] = slices.DeleteFunc(m.endpointsOf[svc], func(e soakEndpoint) bool {
 		if e.addr == addr && e.terminating {
 			m.terminating.Add(-1)
@@ -133,17 +133,10 @@ func (o *addrOwners) index(a netip.Addr) (int, bool) {
 	return int(addrValue(a) - addrValue(o.pool.Addr())), true
 }
 
-// set starts the pod at a for service svc.
+// set starts the pod at a for service svc, or stops it for svc -1.
 func (o *addrOwners) set(a netip.Addr, svc int) {
 	if i, ok := o.index(a); ok {
 		o.owner[i].Store(int32(svc + 1))
-	}
-}
-
-// clear stops the pod at a.
-func (o *addrOwners) clear(a netip.Addr) {
-	if i, ok := o.index(a); ok {
-		o.owner[i].Store(0)
 	}
 }
 
@@ -204,32 +197,28 @@ func (l *eventLog[T]) since(from int) []T {
 	return slices.Clone(l.all[min(from, len(l.all)):])
 }
 
-// What happened to an address, for the report of a connection that reached
-// one with no pod: a change's added, retiring and removed endpoint, each
-// queued then written.
-var evNames = []string{"added as ready, queued", "added as ready, written", "made terminating, queued",
-	"made terminating, written", "pod exited, removal queued", "removal written"}
+// What a change does to its added, retiring and removed address.
+var changeNames = []string{"added as ready", "made terminating", "pod exited, removal"}
 
-// describe returns what the writes did to the address, one event a line in
-// time order (the lines start with the time).
+// describe returns what the writes did to the address, a write a line, in
+// the order they were queued (the lines start with the time).
 func describe(writes []soakWrite, a netip.Addr) []string {
 	var out []string
 	for _, w := range writes {
-		line := func(at time.Time, what string) {
-			out = append(out, fmt.Sprintf("%s %s svc %d: %s", at.UTC().Format("15:04:05.000"), a, w.svc, what))
-		}
 		for i, b := range []netip.Addr{w.added, w.retiring, w.removed} {
 			if b != a {
 				continue
 			}
-			written := evNames[2*i+1]
+			done := "written " + stamp(w.written)
 			if w.err != nil {
-				written = "write failed"
+				done = "failed: " + w.err.Error()
 			}
-			line(w.queued, evNames[2*i])
-			line(w.written, written)
+			out = append(out, fmt.Sprintf("%s %s svc %d: %s queued, %s", stamp(w.queued), a, w.svc, changeNames[i], done))
 		}
 	}
 	slices.Sort(out)
 	return out
 }
+
+// stamp is the time of day of a failure or a change, for the report.
+func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }

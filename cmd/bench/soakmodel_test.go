@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -87,7 +89,7 @@ func TestAddrOwners(t *testing.T) {
 	if svc, ok := o.get(a); !ok || svc != 0 {
 		t.Fatalf("get = %d, %v; want 0, true", svc, ok)
 	}
-	o.clear(a)
+	o.set(a, -1)
 	if _, ok := o.get(a); ok {
 		t.Fatal("owner after clear")
 	}
@@ -125,7 +127,7 @@ func TestSoakPodRanges(t *testing.T) {
 }
 
 func TestGrouped(t *testing.T) {
-	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 84132: "84,132", 1234567: "1,234,567", -10000: "-10,000"} {
+	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 84132: "84,132", 1234567: "1,234,567"} {
 		if got := grouped(n); got != want {
 			t.Errorf("grouped(%d) = %q, want %q", n, got, want)
 		}
@@ -146,5 +148,38 @@ func TestSyncTimes(t *testing.T) {
 	}
 	if want := []float64{12.5, 20}; !slices.Equal(got, want) {
 		t.Errorf("syncTimes = %v, want %v", got, want)
+	}
+}
+
+func TestEventLogSince(t *testing.T) {
+	var l eventLog[int]
+	for i := range 5 {
+		l.add(i)
+	}
+	if got := l.since(3); !slices.Equal(got, []int{3, 4}) {
+		t.Errorf("since(3) = %v, want [3 4]", got)
+	}
+	if got := l.since(9); len(got) != 0 {
+		t.Errorf("since(9) = %v, want none", got)
+	}
+}
+
+// TestDescribe checks an address's history: every write that named it, in
+// the order they were queued.
+func TestDescribe(t *testing.T) {
+	a, b := netip.MustParseAddr("10.128.0.7"), netip.MustParseAddr("10.128.0.8")
+	at := time.Date(2026, 11, 25, 8, 0, 0, 0, time.UTC)
+	writes := []soakWrite{
+		{soakChange: soakChange{svc: 2, added: b, retiring: a}, queued: at.Add(time.Second), written: at.Add(2 * time.Second)},
+		{soakChange: soakChange{svc: 2, added: a}, queued: at, written: at.Add(10 * time.Millisecond)},
+		{soakChange: soakChange{svc: 2, removed: a}, queued: at.Add(3 * time.Second), written: at.Add(3 * time.Second), err: errors.New("boom")},
+	}
+	want := []string{
+		"08:00:00.000 10.128.0.7 svc 2: added as ready queued, written 08:00:00.010",
+		"08:00:01.000 10.128.0.7 svc 2: made terminating queued, written 08:00:02.000",
+		"08:00:03.000 10.128.0.7 svc 2: pod exited, removal queued, failed: boom",
+	}
+	if got := describe(writes, a); !slices.Equal(got, want) {
+		t.Errorf("describe =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -204,7 +204,7 @@ func (c *soakClients) report(run *SoakRun) {
 	for i, f := range failed {
 		run.FailedBy[f.kind]++
 		if i < soakFailureExamples {
-			run.Examples = append(run.Examples, f.at.UTC().Format("15:04:05.000")+" "+f.kind+": "+f.what)
+			run.Examples = append(run.Examples, stamp(f.at)+" "+f.kind+": "+f.what)
 		}
 	}
 }

@@ -82,10 +82,7 @@ func (s *SoakRun) rssMeans() (first, last float64) {
 				sum, n = sum+pt.RSSMiB, n+1
 			}
 		}
-		if n == 0 {
-			return math.NaN()
-		}
-		return sum / float64(n)
+		return sum / float64(n) // NaN without samples
 	}
 	end := s.End.AtS
 	return mean(s.Start.AtS, s.Start.AtS+60), mean(end-60, end)
@@ -135,14 +132,11 @@ func (s *SoakRun) summary() []string {
 	return lines
 }
 
-// grouped prints a count with thousands separated: 10,000.
+// grouped prints a count (never negative) with thousands separated: 10,000.
 func grouped(n int) string {
-	s := fmt.Sprint(max(n, -n))
+	s := fmt.Sprint(n)
 	for i := len(s) - 3; i > 0; i -= 3 {
 		s = s[:i] + "," + s[i:]
-	}
-	if n < 0 {
-		return "-" + s
 	}
 	return s
 }

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,23 +63,20 @@ func (m manifestSink) write(_ context.Context, s *wlService, eps []soakEndpoint)
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
 	es := soakSlice(s, eps)
 	es.TypeMeta = metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"}
-	var b bytes.Buffer
-	for i, obj := range []any{svc, es} {
-		data, err := yaml.Marshal(obj)
-		if err != nil {
-			return fmt.Errorf("encode manifest of %s: %w", s.name, err)
-		}
-		if i > 0 {
-			b.WriteString("---\n")
-		}
-		b.Write(data)
+	svcYAML, err := yaml.Marshal(svc)
+	if err != nil {
+		return fmt.Errorf("encode service %s: %w", s.name, err)
 	}
-	path := filepath.Join(m.dir, s.name+".yaml")
+	esYAML, err := yaml.Marshal(es)
+	if err != nil {
+		return fmt.Errorf("encode endpoint slice %s: %w", s.name, err)
+	}
 	tmp := filepath.Join(m.dir, "."+s.name+".tmp")
-	if err := os.WriteFile(tmp, b.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
+	err = os.WriteFile(tmp, slices.Concat(svcYAML, []byte("---\n"), esYAML), 0o644)
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(m.dir, s.name+".yaml"))
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	return nil
