@@ -126,14 +126,14 @@ func (s *soak) manifestSource(ctx context.Context) (soakSink, []string, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("make manifest directory: %w", err)
 	}
-	ms := manifestSink{dir: dir}
+	sink := manifestSink(dir)
 	logf("soak: writing %d manifest files", len(s.w.services))
 	for i := range s.w.services {
-		if err := ms.write(ctx, &s.w.services[i], s.model.endpoints(i)); err != nil {
+		if err := sink(ctx, &s.w.services[i], s.model.endpoints(i)); err != nil {
 			return nil, nil, err
 		}
 	}
-	return ms, []string{"--manifests", dir}, nil
+	return sink, []string{"--manifests", dir}, nil
 }
 
 // apiSource starts an API server, writes the workload to it and relays it
@@ -159,7 +159,7 @@ func (s *soak) apiSource(ctx context.Context) (soakSink, []string, error) {
 		return nil, nil, err
 	}
 	s.closers = append(s.closers, relay.Close)
-	return apiSink{client: c.client}, []string{"--kubeconfig", kubeconfig}, nil
+	return apiSink(c.client), []string{"--kubeconfig", kubeconfig}, nil
 }
 
 // start writes the services where nftproxy reads them and starts the
@@ -283,24 +283,20 @@ func (s *soak) replaceAtRate(ctx context.Context) error {
 	m, rate := s.model, int64(s.so.rate)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	type due struct {
-		at time.Time
-		soakChange
-	}
-	var removals []due // in the order their grace started, nearly in time order
+	var grace []soakWrite // replacements written, in the order their grace started, nearly in time order
 	began, skipped := time.Now(), int64(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case job := <-s.writers.written:
-			removals = append(removals, due{time.Now().Add(s.so.grace), soakChange{svc: job.svc, removed: job.retiring}})
+			grace = append(grace, job)
 		case now := <-tick.C:
-			for len(removals) > 0 && !removals[0].at.After(now) {
-				c := removals[0].soakChange
-				removals = removals[1:]
-				m.remove(c.svc, c.removed)
-				s.writers.queue(c, m.endpoints(c.svc))
+			for len(grace) > 0 && !grace[0].written.Add(s.so.grace).After(now) {
+				r := grace[0]
+				grace = grace[1:]
+				m.remove(r.svc, r.retiring)
+				s.writers.queue(soakChange{svc: r.svc, removed: r.retiring}, m.endpoints(r.svc))
 			}
 			owed := int64(now.Sub(began).Seconds()*float64(rate)) - skipped - int64(s.clients.recent.pushed())
 			if owed > rate {

@@ -99,9 +99,8 @@ func growth(from, to float64) float64 {
 // what the docs quote.
 func (s *SoakRun) summary() []string {
 	rate := func(n int) float64 { return float64(n) / s.DurationS }
-	kinds := slices.Sorted(maps.Keys(s.FailedBy))
 	var by []string
-	for _, k := range kinds {
+	for _, k := range slices.Sorted(maps.Keys(s.FailedBy)) {
 		by = append(by, fmt.Sprintf("%s %d", k, s.FailedBy[k]))
 	}
 	first, last := s.rssMeans()

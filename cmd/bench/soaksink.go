@@ -18,9 +18,7 @@ import (
 )
 
 // soakSink writes one service's EndpointSlice where nftproxy reads it.
-type soakSink interface {
-	write(ctx context.Context, s *wlService, eps []soakEndpoint) error
-}
+type soakSink func(ctx context.Context, s *wlService, eps []soakEndpoint) error
 
 // soakSlice is the EndpointSlice of a soak service: its one slice (the
 // soak's services are narrower than sliceSize), terminating endpoints
@@ -42,44 +40,44 @@ func soakSlice(s *wlService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
 }
 
 // apiSink writes slices through the API server.
-type apiSink struct{ client kubernetes.Interface }
-
-func (a apiSink) write(ctx context.Context, s *wlService, eps []soakEndpoint) error {
-	es := soakSlice(s, eps)
-	// No resourceVersion: the soak is the slices' only writer, and an
-	// unconditional update saves reading each slice first.
-	if _, err := a.client.DiscoveryV1().EndpointSlices(benchNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update endpoint slice %s: %w", es.Name, err)
+func apiSink(client kubernetes.Interface) soakSink {
+	return func(ctx context.Context, s *wlService, eps []soakEndpoint) error {
+		es := soakSlice(s, eps)
+		// No resourceVersion: the soak is the slices' only writer, and an
+		// unconditional update saves reading each slice first.
+		if _, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("update endpoint slice %s: %w", es.Name, err)
+		}
+		return nil
 	}
-	return nil
 }
 
-// manifestSink keeps one manifest file per service, each replaced whole by
-// a rename as WatchDir wants.
-type manifestSink struct{ dir string }
-
-func (m manifestSink) write(_ context.Context, s *wlService, eps []soakEndpoint) error {
-	svc := serviceObject(s.name, s.clusterIP)
-	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-	es := soakSlice(s, eps)
-	es.TypeMeta = metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"}
-	svcYAML, err := yaml.Marshal(svc)
-	if err != nil {
-		return fmt.Errorf("encode service %s: %w", s.name, err)
+// manifestSink keeps one manifest file per service in dir, each replaced
+// whole by a rename as WatchDir wants.
+func manifestSink(dir string) soakSink {
+	return func(_ context.Context, s *wlService, eps []soakEndpoint) error {
+		svc := serviceObject(s.name, s.clusterIP)
+		svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
+		es := soakSlice(s, eps)
+		es.TypeMeta = metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"}
+		svcYAML, err := yaml.Marshal(svc)
+		if err != nil {
+			return fmt.Errorf("encode service %s: %w", s.name, err)
+		}
+		esYAML, err := yaml.Marshal(es)
+		if err != nil {
+			return fmt.Errorf("encode endpoint slice %s: %w", s.name, err)
+		}
+		tmp := filepath.Join(dir, "."+s.name+".tmp")
+		err = os.WriteFile(tmp, slices.Concat(svcYAML, []byte("---\n"), esYAML), 0o644)
+		if err == nil {
+			err = os.Rename(tmp, filepath.Join(dir, s.name+".yaml"))
+		}
+		if err != nil {
+			return fmt.Errorf("write manifest: %w", err)
+		}
+		return nil
 	}
-	esYAML, err := yaml.Marshal(es)
-	if err != nil {
-		return fmt.Errorf("encode endpoint slice %s: %w", s.name, err)
-	}
-	tmp := filepath.Join(m.dir, "."+s.name+".tmp")
-	err = os.WriteFile(tmp, slices.Concat(svcYAML, []byte("---\n"), esYAML), 0o644)
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(m.dir, s.name+".yaml"))
-	}
-	if err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	return nil
 }
 
 // soakWrite is one slice write: the service's endpoints when it was queued,
@@ -130,7 +128,7 @@ func (w *soakWriters) do(ctx context.Context, job soakWrite) {
 		if try > 0 {
 			time.Sleep(100 * time.Millisecond)
 		}
-		if job.err = w.sink.write(ctx, &w.services[job.svc], job.endpoints); job.err == nil || ctx.Err() != nil {
+		if job.err = w.sink(ctx, &w.services[job.svc], job.endpoints); job.err == nil || ctx.Err() != nil {
 			break
 		}
 	}
