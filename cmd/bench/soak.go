@@ -74,8 +74,9 @@ func soakPhase(res *Results, o *options) error {
 	if _, err := os.Stat(o.nftproxy); err != nil {
 		return fmt.Errorf("find nftproxy (make build): %w", err)
 	}
-	s := &soak{so: so, binary: o.nftproxy, run: &SoakRun{Started: time.Now().UTC(), Command: so.command, Services: so.services,
-		Endpoints: soakEndpoints, TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate, Load: []string{loadAverage()}}}
+	s := &soak{so: so, binary: o.nftproxy, run: &SoakRun{Started: time.Now().UTC(), Command: so.command,
+		Services: so.services, Endpoints: soakEndpoints, TargetRate: so.rate, GraceS: so.grace.Seconds(), ConnRate: so.connRate,
+		Load: []string{loadAverage()}}}
 	defer func() {
 		for i := len(s.closers) - 1; i >= 0; i-- {
 			s.closers[i]()
@@ -105,7 +106,8 @@ func (s *soak) setUp(context.Context) error {
 		return err
 	}
 	s.closers = append(s.closers, func() { _ = s.topo.Close() })
-	s.clients = &soakClients{ns: s.topo.Client, services: s.w.services, recent: newRecentRing(soakRecentChanges), rate: s.so.connRate}
+	s.clients = &soakClients{ns: s.topo.Client, services: s.w.services, recent: newRecentRing(soakRecentChanges),
+		rate: s.so.connRate}
 	s.servers, err = startSoakPods(s.topo, s.model.owners)
 	s.closers = append(s.closers, s.servers.close)
 	if err != nil {
@@ -247,7 +249,7 @@ func (s *soak) finish(ctx context.Context) error {
 	dead, writes := s.servers.dead.since(0), s.writers.done.since(0)
 	run.DeadHits = len(dead)
 	for _, d := range dead[:min(len(dead), soakFailureExamples)] {
-		run.Examples = append(run.Examples, fmt.Sprintf("%s a connection reached %s, where no pod runs; its history:", stamp(d.at), d.addr))
+		run.Examples = append(run.Examples, stamp(d.at)+" a connection reached "+d.addr.String()+", where no pod runs; its history:")
 		run.Examples = append(run.Examples, describe(writes, d.addr)...)
 	}
 	var err error
@@ -267,9 +269,7 @@ func (s *soak) finish(ctx context.Context) error {
 		return err
 	}
 	run.Syncs = len(took)
-	if len(took) > 0 {
-		run.SyncP50MS, run.SyncP99MS, run.SyncMaxMS = quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1)
-	}
+	run.SyncP50MS, run.SyncP99MS, run.SyncMaxMS = quantile(took, 0.5), quantile(took, 0.99), quantile(took, 1)
 	run.Load = append(run.Load, loadAverage())
 	return nil
 }
@@ -342,8 +342,8 @@ func (s *soak) waitReady(ctx context.Context) error {
 // live heap.
 func (s *soak) sample(ctx context.Context, point string) (pt SoakPoint, err error) {
 	c := s.clients
-	pt = SoakPoint{AtS: time.Since(s.began).Round(time.Second).Seconds(), Changes: c.recent.pushed(), Connections: int(c.attempts.Load()),
-		Failed: len(c.failed.since(0)), Terminating: int(s.model.terminating.Load())}
+	pt = SoakPoint{AtS: time.Since(s.began).Round(time.Second).Seconds(), Changes: c.recent.pushed(),
+		Connections: int(c.attempts.Load()), Failed: len(c.failed.since(0)), Terminating: int(s.model.terminating.Load())}
 	pt.WriteLagMS, s.lagFrom = s.writers.lagSince(s.lagFrom)
 	if pt.RSSMiB, _, err = s.p.Memory(); err != nil {
 		return pt, err

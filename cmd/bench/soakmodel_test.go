@@ -172,7 +172,8 @@ func TestDescribe(t *testing.T) {
 	writes := []soakWrite{
 		{soakChange: soakChange{svc: 2, added: b, retiring: a}, queued: at.Add(time.Second), written: at.Add(2 * time.Second)},
 		{soakChange: soakChange{svc: 2, added: a}, queued: at, written: at.Add(10 * time.Millisecond)},
-		{soakChange: soakChange{svc: 2, removed: a}, queued: at.Add(3 * time.Second), written: at.Add(3 * time.Second), err: errors.New("boom")},
+		{soakChange: soakChange{svc: 2, removed: a}, queued: at.Add(3 * time.Second), written: at.Add(3 * time.Second),
+			err: errors.New("boom")},
 	}
 	want := []string{
 		"08:00:00.000 10.128.0.7 svc 2: added as ready queued, written 08:00:00.010",
