@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -19,84 +21,68 @@ import (
 // server takes to store a write and send it to a watcher.
 const proxyAPIWatch = "api-watch"
 
-// bareWatch is a client-go watch of the bench's own on the one object a
-// step writes: when its event arrives is when the API server had the write
-// stored and sent, which no proxy's watch can beat.
-type bareWatch struct {
-	done chan struct{}
-	at   time.Time
-	err  error
+// peerChange is one of a run's two API writes: its figures, what it puts
+// into the kernel, the bare watch on the object it writes and the event
+// that shows it, and the write (which calls before just before it).
+type peerChange struct {
+	sync, wall, own string
+	kernel          kernelChange
+	watch           func(c kubernetes.Interface) (watch.Interface, error)
+	match           func(watch.Event) bool
+	write           func(before func()) error
 }
 
-// watchStep opens bare watches for the endpoint or the service step of run
-// k: the endpoint step's EndpointSlice modified to hold addr, or the k-th
-// added Service created. Pass an invalid addr for the service step.
-func (e *peerEnv) watchStep(ctx context.Context, k int, addr netip.Addr) (*bareWatch, error) {
-	if e.watcher == nil {
-		cfg := *e.cluster.srv.RestConfig
-		cfg.ContentType = "application/vnd.kubernetes.protobuf" // as nftproxy and kube-proxy ask
-		c, err := kubernetes.NewForConfig(&cfg)
-		if err != nil {
-			return nil, fmt.Errorf("make watch client: %w", err)
-		}
-		e.watcher = c
-	}
-	var (
-		w     watch.Interface
-		err   error
-		match func(watch.Event) bool
-	)
-	if addr.IsValid() {
-		s := &e.w.services[e.w.stepService()]
-		name := sliceName(s.name, len(s.slices())-1)
-		w, err = e.watcher.DiscoveryV1().EndpointSlices(benchNamespace).Watch(ctx, byName(name))
-		match = func(ev watch.Event) bool {
+// changes are the k-th run's steps: one endpoint replaced, then one service
+// added (its EndpointSlice is already there).
+func (s *stepper) changes(ctx context.Context) []peerChange {
+	w, k, i := s.w, s.k, s.w.stepService()
+	addr, ip := replacementEndpoint(k), addedClusterIP(k)
+	slice := sliceName(w.services[i].name, len(w.services[i].slices())-1)
+	return []peerChange{{
+		sync: peerEndpoint, wall: peerEndpointWal, own: peerEndpointOwn,
+		kernel: kernelChange{addr: addr.As4(), text: "--to-destination " + netip.AddrPortFrom(addr, endpointPort).String()},
+		watch: func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.DiscoveryV1().EndpointSlices(benchNamespace).Watch(ctx, byName(slice))
+		},
+		match: func(ev watch.Event) bool {
 			es, ok := ev.Object.(*discoveryv1.EndpointSlice)
-			return ok && ev.Type == watch.Modified && sliceHas(es, addr)
-		}
-	} else {
-		w, err = e.watcher.CoreV1().Services(benchNamespace).Watch(ctx, byName(addedServiceName(k)))
-		match = func(ev watch.Event) bool { return ev.Type == watch.Added }
-	}
+			return ok && ev.Type == watch.Modified && slices.ContainsFunc(es.Endpoints, func(ep discoveryv1.Endpoint) bool {
+				return slices.Contains(ep.Addresses, addr.String())
+			})
+		},
+		write: func(before func()) error { return s.cluster.replaceEndpoint(ctx, w, i, addr, before) },
+	}, {
+		sync: peerService, wall: peerServiceWall, own: peerServiceOwn,
+		kernel: kernelChange{addr: ip.As4(), text: "-d " + ip.String() + "/32"},
+		watch: func(c kubernetes.Interface) (watch.Interface, error) {
+			return c.CoreV1().Services(benchNamespace).Watch(ctx, byName(addedServiceName(k)))
+		},
+		match: func(ev watch.Event) bool { return ev.Type == watch.Added },
+		write: func(before func()) error {
+			before()
+			return s.cluster.createService(ctx, addedServiceName(k), ip)
+		},
+	}}
+}
+
+// watchStep opens a client-go watch of the bench's own on the one object
+// step writes: when its event arrives is when the API server had the write
+// stored and sent, which no proxy's watch can beat.
+func (c *cluster) watchStep(step peerChange) (*watcher, error) {
+	w, err := step.watch(c.watcher)
 	if err != nil {
 		return nil, fmt.Errorf("watch the step's object: %w", err)
 	}
-	b := &bareWatch{done: make(chan struct{})}
-	go func() {
-		defer close(b.done)
-		defer w.Stop()
+	return startWatcher("the bare watch", func() (time.Time, error) {
 		for ev := range w.ResultChan() {
-			if match(ev) {
-				b.at = time.Now()
-				return
+			if step.match(ev) {
+				return time.Now(), nil
 			}
 		}
-		b.err = fmt.Errorf("watch ended before the change came")
-	}()
-	return b, nil
+		return time.Time{}, errors.New("watch ended before the change came")
+	}, w.Stop), nil
 }
 
 func byName(name string) metav1.ListOptions {
 	return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
-}
-
-// arrived returns when the event came; the watch ends with ctx.
-func (b *bareWatch) arrived(ctx context.Context) (time.Time, error) {
-	select {
-	case <-b.done:
-		return b.at, b.err
-	case <-ctx.Done():
-		return time.Time{}, fmt.Errorf("wait for the bare watch: %w", ctx.Err())
-	}
-}
-
-func sliceHas(es *discoveryv1.EndpointSlice, addr netip.Addr) bool {
-	for _, ep := range es.Endpoints {
-		for _, a := range ep.Addresses {
-			if a == addr.String() {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -33,6 +33,9 @@ const (
 type cluster struct {
 	srv    *apiserver.Server
 	client kubernetes.Interface
+	// watcher asks for protobuf, as nftproxy and kube-proxy do: the bare
+	// watches' client.
+	watcher kubernetes.Interface
 }
 
 // startCluster starts an API server whose ClusterIP range holds 100,000
@@ -48,13 +51,18 @@ func startCluster(ctx context.Context) (*cluster, error) {
 	cfg := *srv.RestConfig
 	cfg.QPS, cfg.Burst = 5000, 10000 // the workload is written as fast as the server takes it
 	cfg.UserAgent = "nftproxy-bench"
-	client, err := kubernetes.NewForConfig(&cfg)
-	if err != nil {
-		srv.Stop()
-		return nil, fmt.Errorf("make API client: %w", err)
+	proto := cfg
+	proto.ContentType = "application/vnd.kubernetes.protobuf"
+	c := &cluster{srv: srv}
+	if c.client, err = kubernetes.NewForConfig(&cfg); err == nil {
+		c.watcher, err = kubernetes.NewForConfig(&proto)
 	}
-	c := &cluster{srv: srv, client: client}
-	if err := c.init(ctx); err != nil {
+	if err != nil {
+		err = fmt.Errorf("make API client: %w", err)
+	} else {
+		err = c.init(ctx)
+	}
+	if err != nil {
 		srv.Stop()
 		return nil, err
 	}
@@ -65,8 +73,8 @@ func (c *cluster) stop() { c.srv.Stop() }
 
 func (c *cluster) init(ctx context.Context) error {
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}
-	if _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace: %w", err)
+	if err := create(ctx, c.client.CoreV1().Namespaces(), "namespace", ns); err != nil {
+		return err
 	}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}
 	node, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
@@ -78,6 +86,24 @@ func (c *cluster) init(ctx context.Context) error {
 		return fmt.Errorf("set node address: %w", err)
 	}
 	return nil
+}
+
+// create makes obj through api, one of client-go's typed clients.
+func create[T metav1.Object](ctx context.Context, api interface {
+	Create(context.Context, T, metav1.CreateOptions) (T, error)
+}, kind string, obj T) error {
+	if _, err := api.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create %s %s: %w", kind, obj.GetName(), err)
+	}
+	return nil
+}
+
+func (c *cluster) createService(ctx context.Context, name string, ip netip.Addr) error {
+	return create(ctx, c.client.CoreV1().Services(benchNamespace), "service", serviceObject(name, ip))
+}
+
+func (c *cluster) createSlice(ctx context.Context, service string, j int, addrs []netip.Addr, nodeOf func(netip.Addr) string) error {
+	return create(ctx, c.client.DiscoveryV1().EndpointSlices(benchNamespace), "endpoint slice", sliceObject(service, j, addrs, nodeOf))
 }
 
 func serviceObject(name string, ip netip.Addr) *v1.Service {
@@ -123,20 +149,16 @@ func readyEndpoint(a netip.Addr) discoveryv1.Endpoint {
 // load writes every Service and EndpointSlice of w, with a pool of
 // concurrent writers.
 func (c *cluster) load(ctx context.Context, w *workload) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	jobs := make(chan func() error)
-	var (
-		wg       sync.WaitGroup
-		once     sync.Once
-		firstErr error
-		done     atomic.Int64
-	)
+	var wg sync.WaitGroup
+	var done atomic.Int64
 	for range createWorkers {
 		wg.Go(func() {
 			for job := range jobs {
 				if err := job(); err != nil {
-					once.Do(func() { firstErr = err; cancel() })
+					cancel(err) // the first error stays the cause
 					continue
 				}
 				done.Add(1)
@@ -147,71 +169,56 @@ func (c *cluster) load(ctx context.Context, w *workload) error {
 	total := int64(services + slices)
 	tick := time.NewTicker(15 * time.Second)
 	defer tick.Stop()
-feed:
-	for i := range w.services {
-		s := &w.services[i]
-		todo := []func() error{func() error {
-			_, err := c.client.CoreV1().Services(benchNamespace).Create(ctx, serviceObject(s.name, s.clusterIP), metav1.CreateOptions{})
-			return wrapCreate("service", s.name, err)
-		}}
-		for j, addrs := range s.slices() {
-			todo = append(todo, func() error {
-				_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx, sliceObject(s.name, j, addrs, w.spec.nodeOf), metav1.CreateOptions{})
-				return wrapCreate("endpoint slice", sliceName(s.name, j), err)
-			})
-		}
-		for _, job := range todo {
+	give := func(job func() error) bool {
+		for {
 			select {
 			case jobs <- job:
+				return true
 			case <-ctx.Done():
-				break feed
+				return false
 			case <-tick.C:
 				logf("  %d of %d objects written", done.Load(), total)
-				jobs <- job
+			}
+		}
+	}
+jobs:
+	for i := range w.services {
+		s := &w.services[i]
+		if !give(func() error { return c.createService(ctx, s.name, s.clusterIP) }) {
+			break
+		}
+		for j, addrs := range s.slices() {
+			if !give(func() error { return c.createSlice(ctx, s.name, j, addrs, w.spec.nodeOf) }) {
+				break jobs
 			}
 		}
 	}
 	close(jobs)
 	wg.Wait()
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		// The caller's deadline; firstErr is then one of the writes it
-		// cut short.
-		return fmt.Errorf("%d of %d objects written: %w", done.Load(), total, ctx.Err())
-	case firstErr != nil:
-		return firstErr
+	err := context.Cause(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The caller's deadline, before any write failed of it.
+		return fmt.Errorf("%d of %d objects written: %w", done.Load(), total, err)
 	}
-	return ctx.Err()
-}
-
-func wrapCreate(kind, name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("create %s %s: %w", kind, name, err)
+	return err
 }
 
 // replaceEndpoint puts addr in place of the last endpoint of service i's
-// last slice; it returns the address it replaced.
-func (c *cluster) replaceEndpoint(ctx context.Context, w *workload, i int, addr netip.Addr, prepared func()) (netip.Addr, error) {
+// last slice, calling prepared just before the write.
+func (c *cluster) replaceEndpoint(ctx context.Context, w *workload, i int, addr netip.Addr, prepared func()) error {
 	s := &w.services[i]
 	name := sliceName(s.name, len(s.slices())-1)
 	api := c.client.DiscoveryV1().EndpointSlices(benchNamespace)
 	es, err := api.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("get endpoint slice %s: %w", name, err)
+		return fmt.Errorf("get endpoint slice %s: %w", name, err)
 	}
-	last := &es.Endpoints[len(es.Endpoints)-1]
-	old, err := netip.ParseAddr(last.Addresses[0])
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("parse endpoint of %s: %w", name, err)
-	}
-	last.Addresses = []string{addr.String()}
+	es.Endpoints[len(es.Endpoints)-1].Addresses = []string{addr.String()}
 	prepared()
 	if _, err := api.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
-		return netip.Addr{}, fmt.Errorf("update endpoint slice %s: %w", name, err)
+		return fmt.Errorf("update endpoint slice %s: %w", name, err)
 	}
-	return old, nil
+	return nil
 }
 
 // Names of the service the service step adds.
@@ -224,29 +231,16 @@ func addedEndpoints(k int) []netip.Addr {
 	return []netip.Addr{base, addrPlus(base, 1), addrPlus(base, 2)}
 }
 
-func (c *cluster) createAddedSlice(ctx context.Context, w *workload, k int) error {
-	_, err := c.client.DiscoveryV1().EndpointSlices(benchNamespace).Create(ctx,
-		sliceObject(addedServiceName(k), 0, addedEndpoints(k), w.spec.nodeOf), metav1.CreateOptions{})
-	return wrapCreate("endpoint slice", sliceName(addedServiceName(k), 0), err)
-}
-
-func (c *cluster) createAddedService(ctx context.Context, k int) error {
-	_, err := c.client.CoreV1().Services(benchNamespace).Create(ctx,
-		serviceObject(addedServiceName(k), addedClusterIP(k)), metav1.CreateOptions{})
-	return wrapCreate("service", addedServiceName(k), err)
-}
-
 // removeAdded deletes the k-th added service and its slice, so the next
 // proxy starts from the workload alone.
 func (c *cluster) removeAdded(ctx context.Context, k int) error {
 	name := addedServiceName(k)
 	err := c.client.CoreV1().Services(benchNamespace).Delete(ctx, name, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete service %s: %w", name, err)
+	if err == nil || apierrors.IsNotFound(err) {
+		err = c.client.DiscoveryV1().EndpointSlices(benchNamespace).Delete(ctx, sliceName(name, 0), metav1.DeleteOptions{})
 	}
-	err = c.client.DiscoveryV1().EndpointSlices(benchNamespace).Delete(ctx, sliceName(name, 0), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete endpoint slice %s: %w", sliceName(name, 0), err)
+		return fmt.Errorf("delete added service %s: %w", name, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,30 +17,60 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
 
-// A kernel watch tells when a change is in a namespace's ruleset: the wall
-// time of a step ends there.
-type kernelWatch interface {
-	// seen blocks until the ruleset holds the change, and returns when it
-	// got there.
-	seen(ctx context.Context) (time.Time, error)
-	close()
+// A watcher tells when what a step waits for came: the change in a
+// namespace's ruleset, where the wall time of a step ends, or the API
+// server's event to a bare watch.
+type watcher struct {
+	what string // for errors
+	done chan struct{}
+	at   time.Time
+	err  error
+	stop func()
+	once sync.Once
+}
+
+// startWatcher runs look, which returns when it found what it waits for;
+// stop makes it return early.
+func startWatcher(what string, look func() (time.Time, error), stop func()) *watcher {
+	w := &watcher{what: what, done: make(chan struct{}), stop: stop}
+	go func() {
+		defer close(w.done)
+		w.at, w.err = look()
+	}()
+	return w
+}
+
+// seen blocks until the watcher found it, and returns when that was. It
+// ends the watch: one left open would cost the proxy's next syncs.
+func (w *watcher) seen(ctx context.Context) (time.Time, error) {
+	defer w.close()
+	select {
+	case <-w.done:
+		return w.at, w.err
+	case <-ctx.Done():
+		return time.Time{}, fmt.Errorf("wait for %s: %w", w.what, ctx.Err())
+	}
+}
+
+func (w *watcher) close() {
+	w.once.Do(func() {
+		w.stop()
+		<-w.done
+	})
 }
 
 // kernelChange is what a step puts into the ruleset, in the forms a watch looks
 // for: the address as the kernel stores it, and as iptables-save prints it.
 type kernelChange struct {
-	addr netip4
+	addr [4]byte
 	text string // e.g. "--to-destination 10.192.0.1:8080"
 }
-
-// netip4 is an IPv4 address in network byte order.
-type netip4 [4]byte
 
 // nfnlGroupNftables is NFNLGRP_NFTABLES: every committed nf_tables change
 // is announced to it.
 const nfnlGroupNftables = 7
 
-// nftWatch listens to the namespace's nf_tables notifications. The kernel
+// watchNft listens to the namespace's nf_tables notifications. The kernel
 // sends them when it commits a batch, with the objects' contents (set
 // element keys and data, rule expressions with their immediate data, chain
 // names), so a commit that names the address is the moment the change is in
@@ -47,19 +78,9 @@ const nfnlGroupNftables = 7
 // kube-proxy's nftables mode and its iptables mode on the nft backend. It
 // costs the proxy nothing, where dumping a 10,000-service table after each
 // poll would take tens of milliseconds of the CPU the proxy syncs with.
-type nftWatch struct {
-	conn *netlink.Conn
-	want []byte
-	at   chan time.Time
-	done chan struct{}
-
-	mu        sync.Mutex
-	overflows int
-}
-
-// watchNft subscribes before the step's API write, so nothing committed
-// after the write can be missed.
-func watchNft(ns *netns.NS, c kernelChange) (*nftWatch, error) {
+// It subscribes before the step's API write, so nothing committed after the
+// write can be missed.
+func watchNft(ns *netns.NS, c kernelChange) (*watcher, error) {
 	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.Fd()})
 	if err != nil {
 		return nil, fmt.Errorf("dial nf_tables notifications: %w", err)
@@ -75,101 +96,47 @@ func watchNft(ns *netns.NS, c kernelChange) (*nftWatch, error) {
 		conn.Close()
 		return nil, fmt.Errorf("join nf_tables notifications: %w", err)
 	}
-	w := &nftWatch{conn: conn, want: c.addr[:], at: make(chan time.Time, 1), done: make(chan struct{})}
-	go w.read()
-	return w, nil
-}
-
-func (w *nftWatch) read() {
-	defer close(w.done)
-	found := false
-	for {
-		msgs, err := w.conn.Receive()
-		now := time.Now()
-		if err != nil {
-			if errors.Is(err, unix.ENOBUFS) {
-				w.mu.Lock()
-				w.overflows++
-				w.mu.Unlock()
-				continue
-			}
-			return // closed
-		}
-		for _, m := range msgs {
-			if !found && bytes.Contains(m.Data, w.want) {
-				found = true
-				w.at <- now
+	names := func(m netlink.Message) bool { return bytes.Contains(m.Data, c.addr[:]) }
+	return startWatcher("the change in nf_tables", func() (time.Time, error) {
+		for {
+			msgs, err := conn.Receive()
+			now := time.Now()
+			switch {
+			case errors.Is(err, unix.ENOBUFS):
+			case err != nil:
+				return now, fmt.Errorf("read nf_tables notifications: %w", err)
+			case slices.ContainsFunc(msgs, names):
+				return now, nil
 			}
 		}
-	}
+	}, func() { conn.Close() }), nil
 }
 
-func (w *nftWatch) seen(ctx context.Context) (time.Time, error) {
-	select {
-	case t := <-w.at:
-		return t, nil
-	case <-ctx.Done():
-		w.mu.Lock()
-		n := w.overflows
-		w.mu.Unlock()
-		if n > 0 {
-			return time.Time{}, fmt.Errorf("wait for the change in nf_tables: %w (%d notification overflows)", ctx.Err(), n)
+// watchSave polls save (iptables-legacy-save), which is the only way to
+// read the legacy tables: they have no notifications. Each poll reads the
+// whole nat table, so its resolution is one save's duration (the tables say
+// how long kube-proxy's own restores take at the same size).
+func watchSave(ns *netns.NS, save string, c kernelChange) *watcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	return startWatcher(fmt.Sprintf("%q in %s", c.text, save), func() (time.Time, error) {
+		for {
+			cmd := exec.CommandContext(ctx, save, "-t", "nat")
+			var out bytes.Buffer
+			cmd.Stdout = &out
+			if err := ns.Do(cmd.Start); err != nil {
+				return time.Time{}, fmt.Errorf("start %s: %w", save, err)
+			}
+			err := cmd.Wait()
+			now := time.Now()
+			if ctx.Err() != nil {
+				return now, ctx.Err()
+			} else if err != nil {
+				return now, fmt.Errorf("run %s: %w", save, err)
+			}
+			if strings.Contains(out.String(), c.text) {
+				return now, nil
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		return time.Time{}, fmt.Errorf("wait for the change in nf_tables: %w", ctx.Err())
-	}
+	}, cancel)
 }
-
-func (w *nftWatch) close() {
-	w.conn.Close()
-	<-w.done
-}
-
-// saveWatch polls iptables-legacy-save, which is the only way to read the
-// legacy tables: they have no notifications. Each poll reads the whole nat
-// table, so its resolution is one save's duration (the tables say how long
-// kube-proxy's own restores take at the same size).
-type saveWatch struct {
-	ns   *netns.NS
-	save string
-	want string
-}
-
-func watchSave(ns *netns.NS, save string, c kernelChange) *saveWatch {
-	return &saveWatch{ns: ns, save: save, want: c.text}
-}
-
-func (w *saveWatch) seen(ctx context.Context) (time.Time, error) {
-	for {
-		out, err := w.dump(ctx)
-		now := time.Now()
-		if err != nil {
-			return time.Time{}, err
-		}
-		if strings.Contains(out, w.want) {
-			return now, nil
-		}
-		select {
-		case <-ctx.Done():
-			return time.Time{}, fmt.Errorf("wait for %q in %s: %w", w.want, w.save, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-func (w *saveWatch) dump(ctx context.Context) (string, error) {
-	cmd := exec.CommandContext(ctx, w.save, "-t", "nat")
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	if err := w.ns.Do(cmd.Start); err != nil {
-		return "", fmt.Errorf("start %s: %w", w.save, err)
-	}
-	if err := cmd.Wait(); err != nil {
-		if ctx.Err() != nil {
-			return "", fmt.Errorf("wait for %q in %s: %w", w.want, w.save, ctx.Err())
-		}
-		return "", fmt.Errorf("run %s: %w", w.save, err)
-	}
-	return out.String(), nil
-}
-
-func (w *saveWatch) close() {}

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"time"
@@ -102,47 +101,59 @@ func (p *PeerRun) add(workload, proxy, metric string, v float64, syncs int) {
 		Value: math.Round(v*1000) / 1000, Syncs: syncs})
 }
 
-func (p *PeerRun) skip(workload, proxy, metric, why string) {
-	p.Records = append(p.Records, PeerRecord{Workload: workload, Proxy: proxy, Metric: metric, Skip: why})
+// peerMetrics are a proxy's figures in the order its steps measure them.
+var peerMetrics = []string{peerStart, peerFullSync, peerRSS, peerEndpointWal, peerEndpointOwn, peerEndpoint,
+	peerServiceWall, peerServiceOwn, peerService, peerPeak}
+
+// failed records why the figures a proxy's run did not measure are missing:
+// the failed step's own (and the start, with the full sync) has its reason,
+// at the limit when it ran out of time; the ones after it were not measured.
+func (p *PeerRun) failed(workload, proxy string, step *errStep) {
+	for _, m := range peerMetrics {
+		if p.find(workload, proxy, m) != nil {
+			continue
+		}
+		rec := PeerRecord{Workload: workload, Proxy: proxy, Metric: m, Skip: notMeasured + step.metric + " " + step.reason}
+		if m == step.metric || (m == peerStart && step.metric == peerFullSync) {
+			rec.Skip = step.reason
+			if step.reason == overLimit {
+				rec.Value = p.LimitMS
+			}
+		}
+		p.Records = append(p.Records, rec)
+	}
 }
 
 // fold makes one record of each metric of a proxy that ran several times on
 // a workload: the median of the runs that measured it, with their figures,
 // or the first run's reason when none did.
 func (p *PeerRun) fold(workload, proxy string) {
-	var out []PeerRecord
-	at := map[string]int{} // metric → its record in out
+	var metrics []string
 	runs := map[string][]PeerRecord{}
-	for _, r := range p.Records {
+	p.Records = slices.DeleteFunc(p.Records, func(r PeerRecord) bool {
 		if r.Workload != workload || r.Proxy != proxy {
-			out = append(out, r)
+			return false
+		}
+		if runs[r.Metric] == nil {
+			metrics = append(metrics, r.Metric)
+		}
+		runs[r.Metric] = append(runs[r.Metric], r)
+		return true
+	})
+	for _, m := range metrics {
+		measured := slices.DeleteFunc(slices.Clone(runs[m]), func(r PeerRecord) bool { return r.Skip != "" })
+		if len(measured) == 0 {
+			p.Records = append(p.Records, runs[m][0])
 			continue
 		}
-		if _, ok := at[r.Metric]; !ok {
-			at[r.Metric] = len(out)
-			out = append(out, r)
-		}
-		if r.Skip == "" {
-			runs[r.Metric] = append(runs[r.Metric], r)
-		}
-	}
-	for metric, rs := range runs {
-		if len(rs) < 2 {
-			if len(rs) == 1 {
-				out[at[metric]] = rs[0]
+		med := slices.SortedStableFunc(slices.Values(measured), func(a, b PeerRecord) int { return cmp.Compare(a.Value, b.Value) })[(len(measured)-1)/2]
+		if len(measured) > 1 {
+			for _, r := range measured {
+				med.Samples = append(med.Samples, r.Value)
 			}
-			continue
 		}
-		samples := make([]float64, len(rs))
-		for i, r := range rs {
-			samples[i] = r.Value
-		}
-		sorted := slices.SortedFunc(slices.Values(rs), func(a, b PeerRecord) int { return cmp.Compare(a.Value, b.Value) })
-		med := sorted[(len(sorted)-1)/2]
-		med.Samples = samples
-		out[at[metric]] = med
+		p.Records = append(p.Records, med)
 	}
-	p.Records = out
 }
 
 // limitText prints the time limit as "> 5 min".
@@ -179,6 +190,15 @@ func (p *PeerRun) workload(name string) *PeerWorkload {
 		}
 	}
 	return nil
+}
+
+// setWorkload adds w, or replaces the workload of its name.
+func (p *PeerRun) setWorkload(w PeerWorkload) {
+	if old := p.workload(w.Name); old != nil {
+		*old = w
+		return
+	}
+	p.Workloads = append(p.Workloads, w)
 }
 
 // mergePeers returns the new run's figures over the old ones: a (workload,
@@ -231,7 +251,7 @@ func mergeResults(old, cur *Results) *Results {
 	out.Records = mergeRecords(old.Records, cur.Records)
 	// Every size some phase measured, so a run at other sizes keeps the
 	// older rows on the page.
-	out.Sizes = slices.Sorted(maps.Keys(setOf(append(slices.Clone(old.Sizes), cur.Sizes...))))
+	out.Sizes = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(old.Sizes), cur.Sizes...))))
 	if len(cur.GoBench) == 0 {
 		out.GoBench = old.GoBench
 	}
@@ -242,14 +262,6 @@ func mergeResults(old, cur *Results) *Results {
 
 // mergeRecords is cur and every old record of a size, metric and method
 // cur did not measure, in old's order with cur's new ones after.
-func setOf(xs []int) map[int]bool {
-	m := make(map[int]bool, len(xs))
-	for _, x := range xs {
-		m[x] = true
-	}
-	return m
-}
-
 func mergeRecords(old, cur []Record) []Record {
 	type key struct {
 		n              int

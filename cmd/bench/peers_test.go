@@ -164,8 +164,8 @@ func peerFixture() *PeerRun {
 	}
 	fig("100kx1", proxyKubeLegacy, 30000, 9000, 9100, 9000, 9500)
 	p.Records = append(p.Records, PeerRecord{Workload: "100kx1", Proxy: proxyKubeNft, Metric: peerFullSync, Value: 300000, Skip: overLimit})
-	p.skip("100kx1", proxyKubeNft, peerEndpoint, "not measured: full-sync over the time limit")
-	p.skip("100kx1", proxyKubeIptNft, peerFullSync, "the proxy exited: boom")
+	skip(p, "100kx1", proxyKubeNft, peerEndpoint, "not measured: full-sync over the time limit")
+	skip(p, "100kx1", proxyKubeIptNft, peerFullSync, "the proxy exited: boom")
 	return p
 }
 
@@ -300,10 +300,10 @@ func TestPeerRunFold(t *testing.T) {
 	p.add("1x5000", proxyNftproxy, peerFullSync, 9, 1)
 	p.add("1x5000", proxyKubeNft, peerFullSync, 94, 1)
 	p.add("1x5000", proxyNftproxy, peerEndpoint, 1.1, 2)
-	p.skip("1x5000", proxyNftproxy, peerService, "boom")
+	skip(p, "1x5000", proxyNftproxy, peerService, "boom")
 	p.add("1x5000", proxyNftproxy, peerFullSync, 7, 1)
 	p.add("1x5000", proxyNftproxy, peerEndpoint, 4.0, 1)
-	p.skip("1x5000", proxyNftproxy, peerService, "boom again")
+	skip(p, "1x5000", proxyNftproxy, peerService, "boom again")
 	p.add("1x5000", proxyNftproxy, peerFullSync, 12, 1)
 	p.fold("1x5000", proxyNftproxy)
 	if len(p.Records) != 4 {
@@ -352,4 +352,9 @@ func TestWorkloadEndpointsOnNodes(t *testing.T) {
 			t.Errorf("an unplaced endpoint names node %s", *e.NodeName)
 		}
 	}
+}
+
+// skip records why a figure is missing.
+func skip(p *PeerRun, workload, proxy, metric, why string) {
+	p.Records = append(p.Records, PeerRecord{Workload: workload, Proxy: proxy, Metric: metric, Skip: why})
 }
