@@ -77,61 +77,84 @@ func (p *PeerRun) cell(workload, proxy, metric string, format func(float64) stri
 	return fmt.Sprintf("%s (%s)", format(r.Value), strings.Join(notes, "; "))
 }
 
-// fastestKube returns the smallest figure of kube-proxy's modes and which
-// mode had it. A mode stopped at the limit counts as the limit, a lower
-// bound (over is then true when no mode finished).
-func (p *PeerRun) fastestKube(workload, metric string, limitMS float64) (v float64, mode string, over, ok bool) {
-	v = math.Inf(1)
+// quotient is a proxy's figure over the fastest kube-proxy mode's.
+type quotient struct {
+	num, den float64
+	mode     string // the fastest mode
+	over     bool   // no mode finished: den is the limit, a lower bound
+	ok       bool   // both figures are there
+}
+
+// overKube returns proxy's figure over the smallest of kube-proxy's modes.
+// A mode stopped at the limit counts as the limit.
+func (p *PeerRun) overKube(workload, proxy, metric string) quotient {
+	q := quotient{den: math.Inf(1)}
 	for _, kp := range kubeProxies {
 		r := p.find(workload, kp, metric)
 		switch {
 		case r == nil:
 		case r.Skip == overLimit:
-			if math.IsInf(v, 1) {
-				v, mode, over, ok = limitMS, kp, true, true
+			if math.IsInf(q.den, 1) {
+				q.den, q.mode, q.over = p.LimitMS, kp, true
 			}
 		case r.Skip == "":
-			if r.Value < v || over {
-				v, mode, over, ok = r.Value, kp, false, true
+			if r.Value < q.den || q.over {
+				q.den, q.mode, q.over = r.Value, kp, false
 			}
 		}
 	}
-	return v, mode, over, ok
+	q.num, q.ok = p.value(workload, proxy, metric)
+	q.ok = q.ok && q.mode != "" && q.den > 0
+	return q
+}
+
+func (q quotient) String() string {
+	switch {
+	case !q.ok:
+		return "–"
+	case q.over:
+		return fmt.Sprintf("< %.3g", q.num/q.den)
+	}
+	return fmt.Sprintf("%.3g", q.num/q.den)
+}
+
+// withFigures prints the quotient with both figures and the mode's name.
+func (q quotient) withFigures(mode string) string {
+	if !q.ok {
+		return "–"
+	}
+	return fmt.Sprintf("%s (%s / %s%s, %s)", q, fmtMS(q.num), map[bool]string{true: "> "}[q.over], fmtMS(q.den), mode)
 }
 
 // ratio prints nftproxy's figure over the fastest kube-proxy mode's, with
 // both figures, and whether it meets limit.
 func (p *PeerRun) ratio(workload, metric string, limit float64) (text string, verdict string) {
-	own, ok := p.value(workload, proxyNftproxy, metric)
-	if !ok {
+	q := p.overKube(workload, proxyNftproxy, metric)
+	switch {
+	case !q.ok:
 		return "–", ""
-	}
-	kp, mode, over, ok := p.fastestKube(workload, metric, p.LimitMS)
-	if !ok || kp <= 0 {
-		return "–", ""
-	}
-	r := own / kp
-	lt := ""
-	if over {
-		lt = "< "
-	}
-	text = fmt.Sprintf("%s%.3g (%s / %s%s, %s)", lt, r, fmtMS(own), lt2(over), fmtMS(kp), shortProxy(mode))
-	verdict = "met"
-	if r > limit {
+	case q.num/q.den > limit:
 		verdict = "**missed**"
+	default:
+		verdict = "met"
 	}
-	return text, verdict
+	return q.withFigures(strings.TrimPrefix(proxyTitle[q.mode], "kube-proxy ")), verdict
 }
 
-func lt2(over bool) string {
-	if over {
-		return "> "
+// workloadTable has a row for each workload that row gives cells for.
+func (p *PeerRun) workloadTable(head []string, row func(PeerWorkload) []string) *table {
+	t := &table{head: head}
+	for _, wl := range p.Workloads {
+		if cells := row(wl); cells != nil {
+			t.rows = append(t.rows, append([]string{wl.Name}, cells...))
+		}
 	}
-	return ""
+	return t
 }
 
-func shortProxy(p string) string {
-	return strings.TrimPrefix(proxyTitle[p], "kube-proxy ")
+// anyFigure tells whether a row has a cell other than "–".
+func anyFigure(cells []string) bool {
+	return slices.ContainsFunc(cells, func(c string) bool { return c != "–" })
 }
 
 func (r *Results) writePeers(b *strings.Builder) {
@@ -177,26 +200,23 @@ func (r *Results) writePeerTargets(w func(string, ...any), b *strings.Builder) {
 	p := r.Peers
 	w("### nftproxy against the fastest kube-proxy mode\n\n")
 	w("Each cell: nftproxy's figure over the fastest kube-proxy mode's for that figure (the issue's limit in the header), with both figures and the mode. A mode stopped at the time limit counts as the limit, so a ratio against it is an upper bound (`<`).\n\n")
-	t := &table{head: []string{"workload"}}
+	head := []string{"workload"}
 	for _, tg := range peerTargets {
-		t.head = append(t.head, fmt.Sprintf("%s (≤ %g×)", tg.title, tg.limit))
+		head = append(head, fmt.Sprintf("%s (≤ %g×)", tg.title, tg.limit))
 	}
-	for _, wl := range p.Workloads {
-		row := []string{wl.Name}
+	p.workloadTable(head, func(wl PeerWorkload) (row []string) {
 		for _, tg := range peerTargets {
-			if wl.NotLoaded != "" {
-				row = append(row, "not run (below)")
-				continue
-			}
 			text, verdict := p.ratio(wl.Name, tg.metric, tg.limit)
-			if verdict != "" {
+			switch {
+			case wl.NotLoaded != "":
+				text = "not run (below)"
+			case verdict != "":
 				text += " " + verdict
 			}
 			row = append(row, text)
 		}
-		t.rows = append(t.rows, row)
-	}
-	t.write(b)
+		return row
+	}).write(b)
 }
 
 // writeWorkload prints one workload's table and plot, and returns the
@@ -214,33 +234,20 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 		t.head = append(t.head, c.title)
 	}
 	for _, proxy := range append(slices.Clone(allProxies), proxyAPIWatch) {
-		row := []string{proxyTitle[proxy]}
-		any := false
+		var row []string
 		for _, c := range peerColumns {
 			row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
-			if rec := p.find(wl.Name, proxy, c.metric); rec != nil {
-				any = true
-				if rec.Skip != "" && rec.Skip != overLimit && !strings.HasPrefix(rec.Skip, notMeasured) {
-					failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, rec.Skip))
-				}
+			if row[len(row)-1] == "failed¹" {
+				failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, p.find(wl.Name, proxy, c.metric).Skip))
 			}
 		}
-		if any {
-			t.rows = append(t.rows, row)
+		if anyFigure(row) {
+			t.rows = append(t.rows, append([]string{proxyTitle[proxy]}, row...))
 		}
 	}
 	row := []string{"nftproxy / fastest kube-proxy"}
 	for _, c := range peerColumns {
-		own, ok := p.value(wl.Name, proxyNftproxy, c.metric)
-		kp, _, over, ok2 := p.fastestKube(wl.Name, c.metric, p.LimitMS)
-		switch {
-		case !ok || !ok2 || kp <= 0:
-			row = append(row, "–")
-		case over:
-			row = append(row, fmt.Sprintf("< %.3g", own/kp))
-		default:
-			row = append(row, fmt.Sprintf("%.3g", own/kp))
-		}
+		row = append(row, p.overKube(wl.Name, proxyNftproxy, c.metric).String())
 	}
 	t.rows = append(t.rows, row)
 	t.write(b)
@@ -256,29 +263,23 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 // kernel figures: what a proxy that took no time at all would score.
 func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 	p := r.Peers
-	var rows [][]string
-	for _, wl := range p.Workloads {
-		row := []string{wl.Name}
-		any := false
-		for _, metric := range []string{peerEndpointWal, peerServiceWall} {
-			floor, ok := p.value(wl.Name, proxyAPIWatch, metric)
-			kp, mode, _, ok2 := p.fastestKube(wl.Name, metric, p.LimitMS)
-			if !ok || !ok2 || kp <= 0 {
-				row = append(row, "–")
-				continue
+	t := p.workloadTable([]string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"},
+		func(wl PeerWorkload) []string {
+			var row []string
+			for _, metric := range []string{peerEndpointWal, peerServiceWall} {
+				q := p.overKube(wl.Name, proxyAPIWatch, metric)
+				row = append(row, q.withFigures(proxyTitle[q.mode]))
 			}
-			any = true
-			row = append(row, fmt.Sprintf("%.3g (%s / %s, %s)", floor/kp, fmtMS(floor), fmtMS(kp), proxyTitle[mode]))
-		}
-		if any {
-			rows = append(rows, row)
-		}
-	}
-	if len(rows) == 0 {
+			if !anyFigure(row) {
+				return nil
+			}
+			return row
+		})
+	if len(t.rows) == 0 {
 		return
 	}
 	w("The API write to kernel figures include the API server's own work. A bare watch on the changed object (the row *%s* in each workload's table) receives the write this long after it was made, over the fastest kube-proxy mode's figure: no proxy can score below this.\n\n", proxyTitle[proxyAPIWatch])
-	(&table{head: []string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"}, rows: rows}).write(b)
+	t.write(b)
 }
 
 // writePeerOwnShare prints each proxy's own share of the API write to
@@ -288,25 +289,30 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 	proxies := append([]string{proxyNftproxy}, kubeProxies...)
 	var tables []*table
 	for _, step := range []struct{ metric, sync, title string }{{peerEndpointOwn, peerEndpoint, "endpoint change"}, {peerServiceOwn, peerService, "service add"}} {
-		t := &table{head: []string{"workload"}}
+		head := []string{step.title + ": workload"}
 		for _, proxy := range proxies {
-			t.head = append(t.head, proxyTitle[proxy])
+			head = append(head, proxyTitle[proxy])
 		}
-		t.head = append(t.head, "nftproxy / fastest kube-proxy", "nftproxy's share: its sync + the rest")
-		for _, wl := range p.Workloads {
-			if _, ok := p.value(wl.Name, proxyNftproxy, step.metric); !ok {
-				continue
+		head = append(head, "nftproxy / fastest kube-proxy", "nftproxy's share: its sync + the rest")
+		t := p.workloadTable(head, func(wl PeerWorkload) []string {
+			own, ok := p.value(wl.Name, proxyNftproxy, step.metric)
+			if !ok {
+				return nil
 			}
-			row := []string{wl.Name}
+			var row []string
 			for _, proxy := range proxies {
 				row = append(row, p.cell(wl.Name, proxy, step.metric, fmtMS))
 			}
+			// nftproxy's share as its sync (compile and the netlink
+			// commit, from its histogram) plus the rest.
+			split := "–"
+			if sync, ok := p.value(wl.Name, proxyNftproxy, step.sync); ok {
+				split = fmt.Sprintf("%s + %s", fmtMS(sync), fmtMS(max(0, own-sync)))
+			}
 			text, _ := p.ratio(wl.Name, step.metric, 0)
-			row = append(row, text, p.shareSplit(wl.Name, step.metric, step.sync))
-			t.rows = append(t.rows, row)
-		}
+			return append(row, text, split)
+		})
 		if len(t.rows) > 0 {
-			t.head[0] = step.title + ": workload"
 			tables = append(tables, t)
 		}
 	}
@@ -318,18 +324,6 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 	for _, t := range tables {
 		t.write(b)
 	}
-}
-
-// shareSplit prints nftproxy's own share as its sync (compile and the
-// netlink commit, from its histogram) plus the rest: the relay, decoding
-// the watch event, the tracker and the wake-up of the sync loop.
-func (p *PeerRun) shareSplit(workload, ownMetric, syncMetric string) string {
-	own, ok := p.value(workload, proxyNftproxy, ownMetric)
-	sync, ok2 := p.value(workload, proxyNftproxy, syncMetric)
-	if !ok || !ok2 {
-		return "–"
-	}
-	return fmt.Sprintf("%s + %s", fmtMS(sync), fmtMS(max(0, own-sync)))
 }
 
 // writePeerScaling prints nftproxy's endpoint change against the number of
