@@ -196,9 +196,9 @@ func (p *PeerRun) workload(name string) *PeerWorkload {
 func (p *PeerRun) setWorkload(w PeerWorkload) {
 	if old := p.workload(w.Name); old != nil {
 		*old = w
-		return
+	} else {
+		p.Workloads = append(p.Workloads, w)
 	}
-	p.Workloads = append(p.Workloads, w)
 }
 
 // mergePeers returns the new run's figures over the old ones: a (workload,
@@ -215,18 +215,12 @@ func mergePeers(old, cur *PeerRun) *PeerRun {
 	for _, r := range cur.Records {
 		measured[[2]string{r.Workload, r.Proxy}] = true
 	}
-	out.Records = slices.Clone(cur.Records)
-	for _, r := range old.Records {
-		if !measured[[2]string{r.Workload, r.Proxy}] {
-			out.Records = append(out.Records, r)
-		}
-	}
-	out.Workloads = slices.Clone(cur.Workloads)
-	for _, w := range old.Workloads {
-		if out.workload(w.Name) == nil {
-			out.Workloads = append(out.Workloads, w)
-		}
-	}
+	out.Records = append(slices.Clone(cur.Records), slices.DeleteFunc(slices.Clone(old.Records), func(r PeerRecord) bool {
+		return measured[[2]string{r.Workload, r.Proxy}]
+	})...)
+	out.Workloads = append(slices.Clone(cur.Workloads), slices.DeleteFunc(slices.Clone(old.Workloads), func(w PeerWorkload) bool {
+		return cur.workload(w.Name) != nil
+	})...)
 	// Keep workloads in the order of workloadSpecs, so the page does not
 	// reorder with each partial run.
 	order := func(name string) int {
@@ -267,21 +261,15 @@ func mergeRecords(old, cur []Record) []Record {
 		n              int
 		metric, method string
 	}
-	fresh := map[key]Record{}
-	for _, r := range cur {
-		fresh[key{r.N, r.Metric, r.Method}] = r
-	}
-	out := make([]Record, 0, len(old)+len(cur))
-	for _, r := range old {
-		k := key{r.N, r.Metric, r.Method}
-		if c, ok := fresh[k]; ok {
-			r = c
-			delete(fresh, k)
-		}
-		out = append(out, r)
+	out := slices.Clone(old)
+	at := map[key]int{}
+	for i, r := range out {
+		at[key{r.N, r.Metric, r.Method}] = i
 	}
 	for _, r := range cur {
-		if _, ok := fresh[key{r.N, r.Metric, r.Method}]; ok {
+		if i, ok := at[key{r.N, r.Metric, r.Method}]; ok {
+			out[i] = r
+		} else {
 			out = append(out, r)
 		}
 	}

@@ -37,15 +37,15 @@ const (
 
 // peerEnv is what every proxy run of a workload shares.
 type peerEnv struct {
-	o        *options
-	bin      peerBinaries
-	env      map[string][]string // of a proxy; nil: the bench's
-	tmp      string              // kubeconfigs, iptables link directories
-	cluster  *cluster
-	w        *workload
-	run      *PeerRun
-	runIndex int // counts proxy runs: each adds its own service and endpoint
-	saved    func()
+	o         *options
+	kubeProxy string              // its binary
+	env       map[string][]string // of a proxy; nil: the bench's
+	tmp       string              // kubeconfigs, iptables link directories
+	cluster   *cluster
+	w         *workload
+	run       *PeerRun
+	runIndex  int // counts proxy runs: each adds its own service and endpoint
+	saved     func()
 }
 
 func peersPhase(res *Results, o *options) error {
@@ -56,11 +56,11 @@ func peersPhase(res *Results, o *options) error {
 		run.Duration = time.Since(start).Round(time.Second).String()
 		run.Load = append(run.Load, loadAverage())
 	}()
-	bin := peerBinaries{kubeProxy: filepath.Join(apiserver.DefaultBinDir(), "kube-proxy"), nftproxy: o.nftproxy}
-	if _, err := os.Stat(bin.kubeProxy); err != nil && slices.ContainsFunc(o.proxies, func(p string) bool { return p != proxyNftproxy }) {
+	kubeProxy := filepath.Join(apiserver.DefaultBinDir(), "kube-proxy")
+	if _, err := os.Stat(kubeProxy); err != nil && slices.ContainsFunc(o.proxies, func(p string) bool { return p != proxyNftproxy }) {
 		return fmt.Errorf("find kube-proxy (make k8s-bins): %w", err)
 	}
-	if _, err := os.Stat(bin.nftproxy); err != nil {
+	if _, err := os.Stat(o.nftproxy); err != nil {
 		return fmt.Errorf("find nftproxy (make build): %w", err)
 	}
 	tmp, err := os.MkdirTemp("", "nftproxy-bench-peers-")
@@ -68,7 +68,7 @@ func peersPhase(res *Results, o *options) error {
 		return fmt.Errorf("make scratch directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	e := &peerEnv{o: o, bin: bin, tmp: tmp, run: run, env: map[string][]string{}, saved: func() {
+	e := &peerEnv{o: o, kubeProxy: kubeProxy, tmp: tmp, run: run, env: map[string][]string{}, saved: func() {
 		if o.checkpoint != nil {
 			o.checkpoint(res)
 		}
@@ -86,9 +86,6 @@ func peersPhase(res *Results, o *options) error {
 	}
 	return nil
 }
-
-// peerBinaries are the proxies the peers phase runs.
-type peerBinaries struct{ kubeProxy, nftproxy string }
 
 // proxiesFor returns the proxies to run on a workload: those of --proxies,
 // and of them only the workload's own when --proxies was not given.
@@ -208,7 +205,7 @@ func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) error {
 			return err
 		}
 		defer r.Close()
-		p, err := startProxy(proxyTitle[proxy], ns, e.env[proxy], proxyCommand(proxy, e.bin, kubeconfig)...)
+		p, err := startProxy(proxyTitle[proxy], ns, e.env[proxy], e.command(proxy, kubeconfig)...)
 		if err != nil {
 			return err
 		}

@@ -120,26 +120,23 @@ func iptablesEnv(dir, backend string) ([]string, error) {
 	return append(os.Environ(), "PATH="+links+string(os.PathListSeparator)+os.Getenv("PATH")), nil
 }
 
-// proxyCommand returns the command line of a proxy; kubeconfig reaches the
-// API server through the namespace's relay.
-func proxyCommand(proxy string, bin peerBinaries, kubeconfig string) []string {
-	kube := func(mode string) []string {
-		return []string{bin.kubeProxy, "--kubeconfig=" + kubeconfig, "--hostname-override=" + benchNode,
-			"--proxy-mode=" + mode, "--cluster-cidr=" + peersClusterCIDR.String(),
-			"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthzAddr,
-			"--iptables-sync-period=" + peerSyncPeriod,
-			// Conntrack sysctls are global or absent in a namespace: leave them.
-			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
-			"--oom-score-adj=0", "--v=2"}
+// command returns the command line of a proxy of the peers phase;
+// kubeconfig reaches the API server through the namespace's relay.
+func (e *peerEnv) command(proxy, kubeconfig string) []string {
+	if proxy == proxyNftproxy {
+		return append(nftproxyCommand(e.o.nftproxy, "--kubeconfig", kubeconfig), "--sync-period", peerSyncPeriod)
 	}
-	switch proxy {
-	case proxyKubeNft:
-		return kube("nftables")
-	case proxyKubeIptNft, proxyKubeLegacy:
-		return kube("iptables")
-	default:
-		return append(nftproxyCommand(bin.nftproxy, "--kubeconfig", kubeconfig), "--sync-period", peerSyncPeriod)
+	mode := "iptables"
+	if proxy == proxyKubeNft {
+		mode = "nftables"
 	}
+	return []string{e.kubeProxy, "--kubeconfig=" + kubeconfig, "--hostname-override=" + benchNode,
+		"--proxy-mode=" + mode, "--cluster-cidr=" + peersClusterCIDR.String(),
+		"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthzAddr,
+		"--iptables-sync-period=" + peerSyncPeriod,
+		// Conntrack sysctls are global or absent in a namespace: leave them.
+		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		"--oom-score-adj=0", "--v=2"}
 }
 
 // nftproxyCommand is nftproxy's command line in a bench namespace, reading

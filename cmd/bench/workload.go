@@ -55,13 +55,7 @@ const (
 )
 
 func uniform(k int) func(int) []int {
-	return func(n int) []int {
-		w := make([]int, n)
-		for i := range w {
-			w[i] = k
-		}
-		return w
-	}
+	return func(n int) []int { return slices.Repeat([]int{k}, n) }
 }
 
 // zipfWidths returns n widths in 1..maxWidth drawn from a Zipf distribution
