@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
@@ -48,21 +49,8 @@ func startCluster(ctx context.Context) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := *srv.RestConfig
-	cfg.QPS, cfg.Burst = 5000, 10000 // the workload is written as fast as the server takes it
-	cfg.UserAgent = "nftproxy-bench"
-	proto := cfg
-	proto.ContentType = "application/vnd.kubernetes.protobuf"
 	c := &cluster{srv: srv}
-	if c.client, err = kubernetes.NewForConfig(&cfg); err == nil {
-		c.watcher, err = kubernetes.NewForConfig(&proto)
-	}
-	if err != nil {
-		err = fmt.Errorf("make API client: %w", err)
-	} else {
-		err = c.init(ctx)
-	}
-	if err != nil {
+	if err := c.init(ctx, *srv.RestConfig); err != nil {
 		srv.Stop()
 		return nil, err
 	}
@@ -71,13 +59,22 @@ func startCluster(ctx context.Context) (*cluster, error) {
 
 func (c *cluster) stop() { c.srv.Stop() }
 
-func (c *cluster) init(ctx context.Context) error {
+func (c *cluster) init(ctx context.Context, cfg rest.Config) (err error) {
+	cfg.QPS, cfg.Burst = 5000, 10000 // the workload is written as fast as the server takes it
+	cfg.UserAgent = "nftproxy-bench"
+	proto := cfg
+	proto.ContentType = "application/vnd.kubernetes.protobuf"
+	if c.client, err = kubernetes.NewForConfig(&cfg); err == nil {
+		c.watcher, err = kubernetes.NewForConfig(&proto)
+	}
+	if err != nil {
+		return fmt.Errorf("make API client: %w", err)
+	}
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}
 	if err := create(ctx, c.client.CoreV1().Namespaces(), "namespace", ns); err != nil {
 		return err
 	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}
-	node, err := c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	node, err := c.client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create node: %w", err)
 	}
@@ -151,49 +148,39 @@ func readyEndpoint(a netip.Addr) discoveryv1.Endpoint {
 func (c *cluster) load(ctx context.Context, w *workload) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	jobs := make(chan func() error)
+	services, slices := w.objects()
+	total := services + slices
 	var wg sync.WaitGroup
 	var done atomic.Int64
-	for range createWorkers {
-		wg.Go(func() {
-			for job := range jobs {
-				if err := job(); err != nil {
-					cancel(err) // the first error stays the cause
-					continue
-				}
-				done.Add(1)
-			}
-		})
-	}
-	services, slices := w.objects()
-	total := int64(services + slices)
+	free := make(chan struct{}, createWorkers) // a token for each write in flight
 	tick := time.NewTicker(15 * time.Second)
 	defer tick.Stop()
-	give := func(job func() error) bool {
-		for {
+	write := func(job func() error) {
+		for ctx.Err() == nil {
 			select {
-			case jobs <- job:
-				return true
+			case free <- struct{}{}:
+				wg.Go(func() {
+					defer func() { <-free }()
+					if err := job(); err != nil {
+						cancel(err) // the first error stays the cause
+					} else {
+						done.Add(1)
+					}
+				})
+				return
 			case <-ctx.Done():
-				return false
 			case <-tick.C:
 				logf("  %d of %d objects written", done.Load(), total)
 			}
 		}
 	}
-jobs:
 	for i := range w.services {
 		s := &w.services[i]
-		if !give(func() error { return c.createService(ctx, s.name, s.clusterIP) }) {
-			break
-		}
+		write(func() error { return c.createService(ctx, s.name, s.clusterIP) })
 		for j, addrs := range s.slices() {
-			if !give(func() error { return c.createSlice(ctx, s.name, j, addrs, w.spec.nodeOf) }) {
-				break jobs
-			}
+			write(func() error { return c.createSlice(ctx, s.name, j, addrs, w.spec.nodeOf) })
 		}
 	}
-	close(jobs)
 	wg.Wait()
 	err := context.Cause(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
