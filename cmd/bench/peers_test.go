@@ -12,8 +12,8 @@ import (
 )
 
 func TestZipfWidths(t *testing.T) {
-	a := zipfWidths(10000, zipfMax, zipfSeed)
-	b := zipfWidths(10000, zipfMax, zipfSeed)
+	a := zipf(10000)
+	b := zipf(10000)
 	if !slicesEqual(a, b) {
 		t.Fatal("same seed, different widths")
 	}

@@ -58,19 +58,17 @@ func uniform(k int) func(int) []int {
 	return func(n int) []int { return slices.Repeat([]int{k}, n) }
 }
 
-// zipfWidths returns n widths in 1..maxWidth drawn from a Zipf distribution
-// with a fixed seed, so every run serves the same workload.
-func zipfWidths(n, maxWidth int, seed uint64) []int {
-	r := rand.New(rand.NewPCG(seed, seed))
-	z := rand.NewZipf(r, zipfExponent, 1, uint64(maxWidth-1))
+// zipf returns n widths in 1..zipfMax drawn from a Zipf distribution with
+// a fixed seed, so every run serves the same workload.
+func zipf(n int) []int {
+	r := rand.New(rand.NewPCG(zipfSeed, zipfSeed))
+	z := rand.NewZipf(r, zipfExponent, 1, zipfMax-1)
 	w := make([]int, n)
 	for i := range w {
 		w[i] = int(z.Uint64()) + 1
 	}
 	return w
 }
-
-func zipf(n int) []int { return zipfWidths(n, zipfMax, zipfSeed) }
 
 // workloadSpecs are the peers phase's workloads. The full run's first five
 // are issue 11's; 30kx3 and 100kx3 give nftproxy's endpoint change at more
@@ -176,8 +174,6 @@ func replacementEndpoint(k int) netip.Addr {
 	return addrPlus(netip.MustParseAddr("10.192.0.1"), uint32(k))
 }
 
-func wlServiceName(i int) string { return fmt.Sprintf("svc-%06d", i) }
-
 // generate builds the workload's services. Pure: the same spec gives the
 // same services.
 func (s workloadSpec) generate() *workload {
@@ -190,7 +186,7 @@ func (s workloadSpec) generate() *workload {
 			eps[j] = wlEndpoint(next)
 			next++
 		}
-		w.services[i] = wlService{name: wlServiceName(i), clusterIP: wlClusterIP(i), endpoints: eps}
+		w.services[i] = wlService{name: fmt.Sprintf("svc-%06d", i), clusterIP: wlClusterIP(i), endpoints: eps}
 	}
 	return w
 }
