@@ -128,11 +128,8 @@ func sliceObject(service string, j int, addrs []netip.Addr, nodeOf func(netip.Ad
 	}
 	for i, a := range addrs {
 		es.Endpoints[i] = readyEndpoint(a)
-		if nodeOf == nil {
-			continue
-		}
-		if node := nodeOf(a); node != "" {
-			es.Endpoints[i].NodeName = &node
+		if nodeOf != nil && nodeOf(a) != "" {
+			es.Endpoints[i].NodeName = ptr.To(nodeOf(a))
 		}
 	}
 	return es

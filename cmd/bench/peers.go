@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/apiserver"
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/e2e/prom"
@@ -73,10 +74,14 @@ func peersPhase(res *Results, o *options) error {
 			o.checkpoint(res)
 		}
 	}}
+	// kube-proxy's iptables mode runs the backend of the iptables first on
+	// its PATH.
 	for proxy, backend := range map[string]string{proxyKubeIptNft: "nft", proxyKubeLegacy: "legacy"} {
-		if e.env[proxy], err = iptablesEnv(filepath.Join(tmp, "links"), backend); err != nil {
+		links := filepath.Join(tmp, "links", backend)
+		if err := e2e.IptablesTools(links, backend); err != nil {
 			return err
 		}
+		e.env[proxy] = append(os.Environ(), "PATH="+links+string(os.PathListSeparator)+os.Getenv("PATH"))
 	}
 	for _, name := range o.workloads {
 		spec, _ := findWorkload(name)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -108,16 +107,6 @@ func (p *proxy) liveHeap(ctx context.Context, profile string) (float64, error) {
 	}
 	v, err := p.gauge("go_memstats_heap_alloc_bytes")
 	return v / (1 << 20), err
-}
-
-// iptablesEnv is the environment of kube-proxy's iptables mode on backend
-// ("nft" or "legacy"): its tools first on the PATH, from links under dir.
-func iptablesEnv(dir, backend string) ([]string, error) {
-	links := filepath.Join(dir, backend)
-	if err := e2e.IptablesTools(links, backend); err != nil {
-		return nil, err
-	}
-	return append(os.Environ(), "PATH="+links+string(os.PathListSeparator)+os.Getenv("PATH")), nil
 }
 
 // command returns the command line of a proxy of the peers phase;

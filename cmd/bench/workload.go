@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -89,9 +90,15 @@ var workloadSpecs = []workloadSpec{
 
 // defaultWorkloads are what a run without --workloads measures.
 func defaultWorkloads(quick bool) []string {
+	return specNames(func(s workloadSpec) bool { return quick && s.quick || !quick && s.full })
+}
+
+func workloadNames() string { return strings.Join(specNames(func(workloadSpec) bool { return true }), ",") }
+
+func specNames(keep func(workloadSpec) bool) []string {
 	var out []string
 	for _, s := range workloadSpecs {
-		if quick && s.quick || !quick && s.full {
+		if keep(s) {
 			out = append(out, s.name)
 		}
 	}
@@ -104,14 +111,6 @@ func findWorkload(name string) (workloadSpec, bool) {
 		return workloadSpec{}, false
 	}
 	return workloadSpecs[i], true
-}
-
-func workloadNames() string {
-	var names []string
-	for _, s := range workloadSpecs {
-		names = append(names, s.name)
-	}
-	return strings.Join(names, ",")
 }
 
 // workload is the generated API state of a spec.
@@ -152,12 +151,11 @@ var (
 
 func addrValue(a netip.Addr) uint32 {
 	b := a.As4()
-	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	return binary.BigEndian.Uint32(b[:])
 }
 
 func addrPlus(base netip.Addr, n uint32) netip.Addr {
-	v := addrValue(base) + n
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return netip.AddrFrom4([4]byte(binary.BigEndian.AppendUint32(nil, addrValue(base)+n)))
 }
 
 func wlClusterIP(i int) netip.Addr { return addrPlus(netip.MustParseAddr("10.96.1.0"), uint32(i)) }
