@@ -122,21 +122,20 @@ func (e *peerEnv) workload(spec workloadSpec) error {
 	err = c.load(loadCtx, w)
 	cancel()
 	info.CreateS = int(time.Since(began).Seconds())
-	if err != nil && loadCtx.Err() != nil {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
 		// Bounded like a proxy's step: the run goes on with the next
 		// workload.
 		info.NotLoaded = fmt.Sprintf("Not run: the API server had not stored the workload after %s (%v).", e.o.writeLimit, err)
 		logf("peers, %s: %s", spec.name, info.NotLoaded)
-	} else if err != nil {
-		return err
-	} else {
-		logf("peers, %s: written in %s", spec.name, time.Since(began).Round(time.Second))
-	}
-	e.run.setWorkload(info)
-	if info.NotLoaded != "" {
+		e.run.setWorkload(info)
 		e.saved()
 		return nil
+	case err != nil:
+		return err
 	}
+	logf("peers, %s: written in %s", spec.name, time.Since(began).Round(time.Second))
+	e.run.setWorkload(info)
 	e.cluster, e.w = c, w
 	for _, proxy := range proxies {
 		for run := range e.o.peerRuns {
