@@ -93,7 +93,9 @@ func defaultWorkloads(quick bool) []string {
 	return specNames(func(s workloadSpec) bool { return quick && s.quick || !quick && s.full })
 }
 
-func workloadNames() string { return strings.Join(specNames(func(workloadSpec) bool { return true }), ",") }
+func workloadNames() string {
+	return strings.Join(specNames(func(workloadSpec) bool { return true }), ",")
+}
 
 func specNames(keep func(workloadSpec) bool) []string {
 	var out []string
