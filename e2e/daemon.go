@@ -137,10 +137,18 @@ func (d *Daemon) LogTail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// Lines of nftproxy's JSON log that the tests and the bench count: a
+// successful sync, and a periodic full sync skipped because nothing
+// committed to nftables since the last one (logged with -v 2).
+const (
+	SyncedLine        = `"msg":"Synced"`
+	ResyncSkippedLine = `"msg":"Resync skipped`
+)
+
 // WaitSynced waits until the daemon has logged n successful syncs in all.
 func (d *Daemon) WaitSynced(ctx context.Context, n int) error {
 	for {
-		if c := strings.Count(d.Log(), `"msg":"Synced"`); c >= n {
+		if c := strings.Count(d.Log(), SyncedLine); c >= n {
 			return nil
 		}
 		select {
@@ -154,13 +162,10 @@ func (d *Daemon) WaitSynced(ctx context.Context, n int) error {
 }
 
 // Syncs counts the successful syncs logged so far.
-func (d *Daemon) Syncs() int { return strings.Count(d.Log(), `"msg":"Synced"`) }
+func (d *Daemon) Syncs() int { return strings.Count(d.Log(), SyncedLine) }
 
-// ResyncsSkipped counts the periodic full syncs the daemon skipped because
-// nothing committed to nftables since its last sync (logged with -v 2).
-func (d *Daemon) ResyncsSkipped() int {
-	return strings.Count(d.Log(), `"msg":"Resync skipped`)
-}
+// ResyncsSkipped counts the periodic full syncs the daemon skipped.
+func (d *Daemon) ResyncsSkipped() int { return strings.Count(d.Log(), ResyncSkippedLine) }
 
 // Stop sends SIGTERM and waits for the process to exit; after five seconds
 // it is made to dump its goroutines and killed.

@@ -149,8 +149,8 @@ const zapISO8601 = "2006-01-02T15:04:05.000Z0700"
 
 // The daemon's log messages the phases count.
 const (
-	syncedLine        = `"msg":"Synced"`
-	resyncSkippedLine = `"msg":"Resync skipped`
+	syncedLine        = e2e.SyncedLine
+	resyncSkippedLine = e2e.ResyncSkippedLine
 	releasedLine      = `"msg":"Released memory`
 )
 
