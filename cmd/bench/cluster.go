@@ -74,7 +74,8 @@ func (c *cluster) init(ctx context.Context, cfg rest.Config) (err error) {
 	if err := create(ctx, c.client.CoreV1().Namespaces(), "namespace", ns); err != nil {
 		return err
 	}
-	node, err := c.client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}, metav1.CreateOptions{})
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}
+	node, err = c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create node: %w", err)
 	}
@@ -100,7 +101,8 @@ func (c *cluster) createService(ctx context.Context, name string, ip netip.Addr)
 }
 
 func (c *cluster) createSlice(ctx context.Context, service string, j int, addrs []netip.Addr, nodeOf func(netip.Addr) string) error {
-	return create(ctx, c.client.DiscoveryV1().EndpointSlices(benchNamespace), "endpoint slice", sliceObject(service, j, addrs, nodeOf))
+	api := c.client.DiscoveryV1().EndpointSlices(benchNamespace)
+	return create(ctx, api, "endpoint slice", sliceObject(service, j, addrs, nodeOf))
 }
 
 func serviceObject(name string, ip netip.Addr) *v1.Service {

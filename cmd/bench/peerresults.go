@@ -146,7 +146,8 @@ func (p *PeerRun) fold(workload, proxy string) {
 			p.Records = append(p.Records, runs[m][0])
 			continue
 		}
-		med := slices.SortedStableFunc(slices.Values(measured), func(a, b PeerRecord) int { return cmp.Compare(a.Value, b.Value) })[(len(measured)-1)/2]
+		byValue := func(a, b PeerRecord) int { return cmp.Compare(a.Value, b.Value) }
+		med := slices.SortedStableFunc(slices.Values(measured), byValue)[(len(measured)-1)/2]
 		if len(measured) > 1 {
 			for _, r := range measured {
 				med.Samples = append(med.Samples, r.Value)

@@ -238,7 +238,8 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 		for _, c := range peerColumns {
 			row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
 			if row[len(row)-1] == "failed¹" {
-				failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, p.find(wl.Name, proxy, c.metric).Skip))
+				why := p.find(wl.Name, proxy, c.metric).Skip
+				failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, why))
 			}
 		}
 		if anyFigure(row) {
@@ -263,18 +264,18 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 // kernel figures: what a proxy that took no time at all would score.
 func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 	p := r.Peers
-	t := p.workloadTable([]string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"},
-		func(wl PeerWorkload) []string {
-			var row []string
-			for _, metric := range []string{peerEndpointWal, peerServiceWall} {
-				q := p.overKube(wl.Name, proxyAPIWatch, metric)
-				row = append(row, q.withFigures(proxyTitle[q.mode]))
-			}
-			if !anyFigure(row) {
-				return nil
-			}
-			return row
-		})
+	head := []string{"workload", "endpoint change: bare watch / fastest kube-proxy", "service add: bare watch / fastest kube-proxy"}
+	t := p.workloadTable(head, func(wl PeerWorkload) []string {
+		var row []string
+		for _, metric := range []string{peerEndpointWal, peerServiceWall} {
+			q := p.overKube(wl.Name, proxyAPIWatch, metric)
+			row = append(row, q.withFigures(proxyTitle[q.mode]))
+		}
+		if !anyFigure(row) {
+			return nil
+		}
+		return row
+	})
 	if len(t.rows) == 0 {
 		return
 	}
