@@ -183,7 +183,7 @@ func (c *cluster) load(ctx context.Context, w *workload) error {
 	wg.Wait()
 	err := context.Cause(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		// The caller's deadline, before any write failed of it.
+		// The caller's deadline came before any write failed.
 		return fmt.Errorf("%d of %d objects written: %w", done.Load(), total, err)
 	}
 	return err
