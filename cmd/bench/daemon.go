@@ -55,8 +55,7 @@ func daemonPhase(res *Results, o *options) error {
 	type shape struct{ n, eps int }
 	var shapes []shape
 	for _, n := range o.sizes {
-		if n > o.daemonMax {
-			res.skip(n, metricDaemonRSS, methodDaemon, fmt.Sprintf("not run above %d services (--daemon-max)", o.daemonMax))
+		if skipAbove(res, n, o.daemonMax, "daemon-max", []string{metricDaemonRSS}, methodDaemon) {
 			continue
 		}
 		shapes = append(shapes, shape{n, endpointsPerService})

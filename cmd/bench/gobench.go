@@ -18,7 +18,7 @@ type GoBench struct {
 
 // goBenchPhase runs the proxier's Go benchmarks (compile and diff at 10,000
 // and 50,000 services) a few iterations each and keeps their figures.
-func goBenchPhase(res *Results) error {
+func goBenchPhase(res *Results, _ *options) error {
 	logf("go test -bench ./proxier/")
 	cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchmem", "-benchtime", "3x", "./proxier/")
 	out, err := cmd.CombinedOutput()

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 	"github.com/nftproxy/nftproxy/k8s"
@@ -65,30 +66,28 @@ func iptablesUpdates(res *Results, be backend, n, runs int, full bool) error {
 			metric string
 			next   func(run int) (iptablesRestore, []iptService)
 		}{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}} {
-			var whole, partial []float64
-			for run := range runs {
-				for _, all := range []bool{true, false} {
-					if all && !full {
-						continue
-					}
+			// all writes every chain, as kube-proxy's full sync does.
+			step := func(all bool) func(run int) (time.Duration, error) {
+				return func(run int) (time.Duration, error) {
 					r, next := k.next(run)
 					if all {
-						r.only = nil // kube-proxy's full sync: every chain
+						r.only = nil
 					}
 					d, err := timeTool(ns, r.text(next), be.args(true)...)
-					if err != nil {
-						return fmt.Errorf("%s: %w", k.metric, err)
-					}
 					services = next
-					if all {
-						whole = append(whole, ms(d))
-					} else {
-						partial = append(partial, ms(d))
-					}
+					return d, err
 				}
 			}
 			if full {
+				whole, err := repeat(runs, step(true))
+				if err != nil {
+					return fmt.Errorf("%s: %w", k.metric, err)
+				}
 				res.add(n, k.metric, be.full, whole...)
+			}
+			partial, err := repeat(runs, step(false))
+			if err != nil {
+				return fmt.Errorf("%s: %w", k.metric, err)
 			}
 			res.add(n, k.metric, be.partial, partial...)
 		}

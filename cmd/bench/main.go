@@ -125,11 +125,8 @@ func parseOptions(args []string) (*options, error) {
 		return nil, err
 	}
 	o.proxiesGiven = *r.proxies != ""
-	o.phases = strings.Split(*r.phases, ",")
-	for _, p := range o.phases {
-		if !slices.Contains(allPhases, p) && p != soakPhaseName {
-			return nil, fmt.Errorf("unknown phase %q, want some of %s,%s", p, strings.Join(allPhases, ","), soakPhaseName)
-		}
+	if o.phases, err = knownList("phase", *r.phases, append(slices.Clip(allPhases), soakPhaseName)); err != nil {
+		return nil, err
 	}
 	switch *r.soakSource {
 	case "api":
@@ -215,22 +212,28 @@ func parseSizes(s string, quick bool) ([]int, error) {
 func parsePeers(workloads, proxies string, quick bool) (ws, ps []string, err error) {
 	ws, ps = defaultWorkloads(quick), allProxies
 	if workloads != "" {
-		ws = strings.Split(workloads, ",")
-		for _, w := range ws {
-			if _, ok := findWorkload(w); !ok {
-				return nil, nil, fmt.Errorf("unknown workload %q, want some of %s", w, workloadNames())
-			}
+		if ws, err = knownList("workload", workloads, strings.Split(workloadNames(), ",")); err != nil {
+			return nil, nil, err
 		}
 	}
 	if proxies != "" {
-		ps = strings.Split(proxies, ",")
-		for _, p := range ps {
-			if !slices.Contains(allProxies, p) {
-				return nil, nil, fmt.Errorf("unknown proxy %q, want some of %s", p, strings.Join(allProxies, ","))
-			}
+		if ps, err = knownList("proxy", proxies, allProxies); err != nil {
+			return nil, nil, err
 		}
 	}
 	return ws, ps, nil
+}
+
+// knownList splits a comma-separated list and checks that each item is one
+// of known.
+func knownList(what, list string, known []string) ([]string, error) {
+	items := strings.Split(list, ",")
+	for _, it := range items {
+		if !slices.Contains(known, it) {
+			return nil, fmt.Errorf("unknown %s %q, want some of %s", what, it, strings.Join(known, ","))
+		}
+	}
+	return items, nil
 }
 
 // measure runs every phase at every size, smallest first, and returns what
@@ -257,29 +260,15 @@ func measure(o *options) (*Results, error) {
 			}
 		}
 	}
-	if has("dataplane") {
-		if err := dataplanePhase(res, o); err != nil {
-			return res, fmt.Errorf("dataplane: %w", err)
+	for _, ph := range []struct {
+		name string
+		run  func(*Results, *options) error
+	}{{"dataplane", dataplanePhase}, {"daemon", daemonPhase}, {"gobench", goBenchPhase}, {"peers", peersPhase}, {soakPhaseName, soakPhase}} {
+		if !has(ph.name) {
+			continue
 		}
-	}
-	if has("daemon") {
-		if err := daemonPhase(res, o); err != nil {
-			return res, fmt.Errorf("daemon: %w", err)
-		}
-	}
-	if has("gobench") {
-		if err := goBenchPhase(res); err != nil {
-			return res, err
-		}
-	}
-	if has("peers") {
-		if err := peersPhase(res, o); err != nil {
-			return res, fmt.Errorf("peers: %w", err)
-		}
-	}
-	if has(soakPhaseName) {
-		if err := soakPhase(res, o); err != nil {
-			return res, fmt.Errorf("soak: %w", err)
+		if err := ph.run(res, o); err != nil {
+			return res, fmt.Errorf("%s: %w", ph.name, err)
 		}
 	}
 	res.Load = append(res.Load, loadAverage())
@@ -299,14 +288,10 @@ func syncPhase(res *Results, o *options, n int) error {
 	if err := fullSyncIptables(res, legacy, n, o.runs); err != nil {
 		return err
 	}
-	if n > o.iptNftSync {
-		res.skip(n, metricFullSync, iptNft.full, fmt.Sprintf("not run above %d services (--iptables-nft-max-sync)", o.iptNftSync))
+	if skipAbove(res, n, o.iptNftSync, "iptables-nft-max-sync", []string{metricFullSync}, iptNft.full) {
 		return nil
 	}
-	runs := o.runs
-	if n > 10000 {
-		runs = 1 // minutes each
-	}
+	runs := o.runsAt(n) // minutes each
 	logf("full sync, %d services: %s (runs: %d)", n, iptNft.restore, runs)
 	return fullSyncIptables(res, iptNft, n, runs)
 }
@@ -316,29 +301,39 @@ func updatePhase(res *Results, o *options, n int) error {
 	if err := nftproxyUpdates(res, n, o.runs); err != nil {
 		return err
 	}
-	runs := o.runs
-	if n > 10000 {
-		runs = 1 // tens of seconds each
-	}
+	runs := o.runsAt(n) // tens of seconds each
 	logf("updates, %d services: %s (runs: %d)", n, legacy.restore, runs)
 	if err := iptablesUpdates(res, legacy, n, runs, true); err != nil {
 		return err
 	}
-	if n > o.iptNftPartial {
-		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-partial)", o.iptNftPartial)
-		for _, metric := range []string{metricEndpointChange, metricServiceAdded} {
-			res.skip(n, metric, iptNft.partial, why)
-			res.skip(n, metric, iptNft.full, why)
-		}
+	updates := []string{metricEndpointChange, metricServiceAdded}
+	if skipAbove(res, n, o.iptNftPartial, "iptables-nft-max-partial", updates, iptNft.partial, iptNft.full) {
 		return nil
 	}
-	full := n <= o.iptNftFull
-	if !full {
-		why := fmt.Sprintf("not run above %d services (--iptables-nft-max-full-update)", o.iptNftFull)
-		for _, metric := range []string{metricEndpointChange, metricServiceAdded} {
-			res.skip(n, metric, iptNft.full, why)
-		}
-	}
+	full := !skipAbove(res, n, o.iptNftFull, "iptables-nft-max-full-update", updates, iptNft.full)
 	logf("updates, %d services: %s (runs: 1)", n, iptNft.restore)
 	return iptablesUpdates(res, iptNft, n, 1, full)
+}
+
+// runsAt is the runs of a slow tool at n services: one above 10,000.
+func (o *options) runsAt(n int) int {
+	if n > 10000 {
+		return 1
+	}
+	return o.runs
+}
+
+// skipAbove records the metrics of methods as not run at n when n is above
+// the limit that flag sets, and reports whether it did.
+func skipAbove(res *Results, n, limit int, flag string, metrics []string, methods ...string) bool {
+	if n <= limit {
+		return false
+	}
+	why := fmt.Sprintf("not run above %d services (--%s)", limit, flag)
+	for _, metric := range metrics {
+		for _, method := range methods {
+			res.skip(n, metric, method, why)
+		}
+	}
+	return true
 }
