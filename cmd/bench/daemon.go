@@ -25,18 +25,6 @@ const (
 	daemonSyncPeriod = 5 * time.Second
 )
 
-// daemonFigures is what one daemon run measured.
-type daemonFigures struct {
-	startMS            float64 // exec to the first sync logged
-	firstRSS, steadyRS float64 // MiB after the first sync, after the resyncs
-	loadPeak           float64 // MiB, VmHWM when the manifests were loaded, before the first sync
-	peak               float64 // MiB, the highest VmHWM read
-	heapAlloc          float64 // MiB, go_memstats_heap_alloc_bytes at the end
-	releaseMS          float64 // giving the first sync's garbage back, as logged
-	fullSyncMS         float64 // the first sync, as logged
-	endpointMS         float64 // median sync of one endpoint replaced in a manifest file, as logged
-}
-
 // daemonEndpointSteps is how many times the daemon phase replaces one
 // endpoint (back and forth) after steady state; the median counts.
 const daemonEndpointSteps = 7
@@ -64,25 +52,15 @@ func daemonPhase(res *Results, o *options) error {
 		shapes = append(shapes, shape{n, 1})
 	}
 	for _, s := range shapes {
-		n, method := s.n, func(m string) string { return daemonMethod(m, s.eps) }
+		n := s.n
 		logf("daemon, %d services x %d endpoints", n, s.eps)
-		f, err := runDaemon(o.nftproxy, n, s.eps, o.daemonProfiles)
+		figures, err := runDaemon(o.nftproxy, n, s.eps, o.daemonProfiles)
 		if err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
-		res.add(n, metricDaemonStart, method(methodDaemon), f.startMS)
-		res.add(n, metricDaemonRSS, method(methodDaemonFirst), f.firstRSS)
-		res.add(n, metricDaemonRSS, method(methodDaemon), f.steadyRS)
-		res.add(n, metricDaemonPeak, method(methodDaemon), f.peak)
-		if f.loadPeak > 0 {
-			res.add(n, metricDaemonPeak, method(methodDaemonLoaded), f.loadPeak)
+		for _, f := range figures {
+			res.add(n, f.Metric, daemonMethod(f.Method, s.eps), f.Values...)
 		}
-		res.add(n, metricDaemonHeap, method(methodDaemon), f.heapAlloc)
-		if f.releaseMS > 0 {
-			res.add(n, metricDaemonRelease, method(methodDaemon), f.releaseMS)
-		}
-		res.add(n, metricDaemonFullSync, method(methodDaemon), f.fullSyncMS)
-		res.add(n, metricDaemonEndpoint, method(methodDaemon), f.endpointMS)
 	}
 	return nil
 }
@@ -120,19 +98,21 @@ func writeDaemonManifests(dir string, n, eps int) (daemonManifests, error) {
 	return m, writeManifests(m.stepFile, m.versions[0])
 }
 
-// runDaemon runs the daemon once on n services of eps endpoints. With
-// profiles set it also saves the daemon's heap profile at steady state
-// there, as daemon-heap-N.pb.gz (`go tool pprof` reads it).
-func runDaemon(binary string, n, eps int, profiles string) (f daemonFigures, err error) {
+// runDaemon runs the daemon once on n services of eps endpoints and returns
+// its figures, each a record of one value and no size. With profiles set it
+// also saves the daemon's heap profile at steady state there, as
+// daemon-heap-N.pb.gz (`go tool pprof` reads it).
+func runDaemon(binary string, n, eps int, profiles string) ([]Record, error) {
 	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
 	if err != nil {
-		return f, fmt.Errorf("make manifest directory: %w", err)
+		return nil, fmt.Errorf("make manifest directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	m, err := writeDaemonManifests(dir, n, eps)
 	if err != nil {
-		return f, err
+		return nil, err
 	}
+	d := &daemonRun{}
 	err = freshNS(func(ns *netns.NS) error {
 		start := time.Now()
 		p, err := startProxy("nftproxy", ns, nil, binary, "run", "--manifests", dir,
@@ -144,37 +124,49 @@ func runDaemon(binary string, n, eps int, profiles string) (f daemonFigures, err
 		defer p.stop(false, 10*time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), daemonSyncTimeout)
 		defer cancel()
-		d := &daemonRun{p: p, ctx: ctx, f: &f}
+		d.p, d.ctx = p, ctx
 		if err := d.measure(start, m); err != nil {
 			return err
 		}
-		if err := d.heap(); err != nil || profiles == "" {
+		// The Go heap at steady state, garbage not yet collected included.
+		if _, err := p.scrape(ctx); err != nil {
+			return err
+		}
+		heap, err := p.gauge("go_memstats_heap_alloc_bytes")
+		d.add(metricDaemonHeap, methodDaemon, heap/(1<<20))
+		if err != nil || profiles == "" {
 			return err
 		}
 		_, err = p.liveHeap(ctx, filepath.Join(profiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
 		return err
 	})
-	return f, err
+	return d.figures, err
 }
 
 // daemonRun is one run of the daemon phase's nftproxy.
 type daemonRun struct {
-	p   *proxy
-	ctx context.Context
-	f   *daemonFigures
+	p       *proxy
+	ctx     context.Context
+	figures []Record
+	// MiB: the highest VmHWM read, and VmHWM when the manifests were
+	// loaded, before the first sync.
+	peakMiB, loadPeakMiB float64
+}
+
+// add keeps one figure of the run.
+func (d *daemonRun) add(metric, method string, v float64) {
+	d.figures = append(d.figures, Record{Metric: metric, Method: method, Values: []float64{v}})
 }
 
 // measure waits for the first sync and the resyncs, reading the memory on
 // the way, then times the endpoint steps.
 func (d *daemonRun) measure(start time.Time, m daemonManifests) error {
-	f := d.f
 	if err := d.waitSyncs(1); err != nil {
 		return err
 	}
-	f.startMS = ms(time.Since(start))
+	d.add(metricDaemonStart, methodDaemon, ms(time.Since(start)))
 	time.Sleep(time.Second)
-	var err error
-	if f.firstRSS, _, err = d.p.Memory(); err != nil {
+	if err := d.memory(methodDaemonFirst); err != nil {
 		return err
 	}
 	released, err := logged(d.p.Log(), releasedLine)
@@ -182,23 +174,45 @@ func (d *daemonRun) measure(start time.Time, m daemonManifests) error {
 		return err
 	}
 	if len(released) > 0 {
-		f.releaseMS = released[0].tookMS
+		d.add(metricDaemonRelease, methodDaemon, released[0].tookMS)
 	}
 	if err := d.waitSyncs(1 + daemonResyncs); err != nil {
 		return err
 	}
 	time.Sleep(time.Second)
-	var peak float64
-	if f.steadyRS, peak, err = d.p.Memory(); err != nil {
+	if err := d.memory(methodDaemon); err != nil {
 		return err
 	}
-	f.peak = max(f.peak, peak)
 	syncs, err := logged(d.p.Log(), syncedLine)
 	if err != nil {
 		return err
 	}
-	f.fullSyncMS = syncs[0].tookMS
-	return d.endpointSteps(m, len(syncs))
+	d.add(metricDaemonFullSync, methodDaemon, syncs[0].tookMS)
+	if err := d.endpointSteps(m, len(syncs)); err != nil {
+		return err
+	}
+	d.add(metricDaemonPeak, methodDaemon, d.peakMiB)
+	if d.loadPeakMiB > 0 {
+		d.add(metricDaemonPeak, methodDaemonLoaded, d.loadPeakMiB)
+	}
+	return nil
+}
+
+// memory reads the resident memory, as the figure of method unless that is
+// empty, and VmHWM, keeping the highest: a later VmHWM was seen lower than an
+// earlier one (41 MiB after 42 at 1,000 services; the kernel's RSS counters
+// are per CPU and read approximately), and a reading is at least the RSS of
+// its moment.
+func (d *daemonRun) memory(method string) error {
+	rss, peak, err := d.p.Memory()
+	if err != nil {
+		return err
+	}
+	d.peakMiB = max(d.peakMiB, peak)
+	if method != "" {
+		d.add(metricDaemonRSS, method, rss)
+	}
+	return nil
 }
 
 // endpointSteps replaces one endpoint, back and forth: each rewrite is one
@@ -225,19 +239,8 @@ func (d *daemonRun) endpointSteps(m daemonManifests, synced int) error {
 		took = append(took, syncs[synced+i].tookMS)
 	}
 	slices.Sort(took)
-	d.f.endpointMS = took[len(took)/2]
+	d.add(metricDaemonEndpoint, methodDaemon, took[len(took)/2])
 	return nil
-}
-
-// peak reads VmHWM and keeps the highest: a later reading was seen lower
-// than an earlier one (41 MiB after 42 at 1,000 services; the kernel's RSS
-// counters are per CPU and read approximately), and a reading is at least
-// the RSS of its moment.
-func (d *daemonRun) peak() float64 {
-	if _, peak, err := d.p.Memory(); err == nil {
-		d.f.peak = max(d.f.peak, peak)
-	}
-	return d.f.peak
 }
 
 // waitSyncs waits for want syncs, skipped periodic resyncs included.
@@ -260,8 +263,8 @@ func (d *daemonRun) waitLines(want int, patterns ...string) error {
 		if n >= want {
 			return nil
 		}
-		if p := d.peak(); d.f.loadPeak == 0 && strings.Contains(log, `"msg":"Loaded manifests"`) {
-			d.f.loadPeak = p
+		if d.memory("") == nil && d.loadPeakMiB == 0 && strings.Contains(log, `"msg":"Loaded manifests"`) {
+			d.loadPeakMiB = d.peakMiB
 		}
 		if d.p.Exited() {
 			return fmt.Errorf("nftproxy exited: %s", d.p.LogTail(5))
@@ -272,17 +275,6 @@ func (d *daemonRun) waitLines(want int, patterns ...string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// heap reads go_memstats_heap_alloc_bytes at steady state, garbage not yet
-// collected included.
-func (d *daemonRun) heap() error {
-	if _, err := d.p.scrape(d.ctx); err != nil {
-		return err
-	}
-	v, err := d.p.gauge("go_memstats_heap_alloc_bytes")
-	d.f.heapAlloc = v / (1 << 20)
-	return err
 }
 
 func abs(x int) int { return max(x, -x) }

@@ -68,7 +68,7 @@ func dataplanePhase(res *Results, o *options) (err error) {
 		flushConntrack(topo.Node)
 
 		logf("dataplane, %d services: iptables-legacy", n)
-		text := iptablesRestore{jumps: true}.text(iptServices(snap))
+		text := iptablesRestore{jumps: true}.text(snap.Services)
 		if _, err := timeTool(topo.Node, text, legacy.args(false)...); err != nil {
 			return err
 		}

@@ -106,27 +106,6 @@ func withServiceAdded(snap *k8s.Snapshot, i int) *k8s.Snapshot {
 	return next
 }
 
-// iptService is one service as kube-proxy's iptables mode sees it.
-type iptService struct {
-	name      string // namespace/name:port
-	ip        netip.Addr
-	port      uint16
-	nodePort  uint16
-	endpoints []netip.AddrPort
-}
-
-func iptServices(snap *k8s.Snapshot) []iptService {
-	out := make([]iptService, len(snap.Services))
-	for i, sp := range snap.Services {
-		s := iptService{name: sp.Name.String(), ip: sp.ClusterIPs[0], port: sp.Port, nodePort: sp.NodePort}
-		for _, e := range sp.Endpoints {
-			s.endpoints = append(s.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
-		}
-		out[i] = s
-	}
-	return out
-}
-
 // chainHash names per-service chains the way kube-proxy does: a prefix and
 // 16 characters of base32(sha256(what)).
 func chainHash(prefix, what string) string {
@@ -134,11 +113,13 @@ func chainHash(prefix, what string) string {
 	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
 
-func (s *iptService) svcChain() string { return chainHash("KUBE-SVC-", s.name+"tcp") }
-func (s *iptService) extChain() string { return chainHash("KUBE-EXT-", s.name+"tcp") }
-func sepChain(s *iptService, ep netip.AddrPort) string {
-	return chainHash("KUBE-SEP-", s.name+"tcp"+ep.String())
+func svcChain(sp *k8s.ServicePort) string { return chainHash("KUBE-SVC-", sp.Name.String()+"tcp") }
+func extChain(sp *k8s.ServicePort) string { return chainHash("KUBE-EXT-", sp.Name.String()+"tcp") }
+func sepChain(sp *k8s.ServicePort, e k8s.Endpoint) string {
+	return chainHash("KUBE-SEP-", sp.Name.String()+"tcp"+addrPort(e).String())
 }
+
+func addrPort(e k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
 // iptablesRestore is the input kube-proxy's iptables mode gives
 // iptables-restore for these services, in its large-cluster form (more than
@@ -157,7 +138,7 @@ type iptablesRestore struct {
 }
 
 // text renders the restore input for services.
-func (r iptablesRestore) text(services []iptService) string {
+func (r iptablesRestore) text(services []k8s.ServicePort) string {
 	var b strings.Builder
 	b.Grow(len(services) * 1200)
 	r.filter(&b)
@@ -166,13 +147,13 @@ func (r iptablesRestore) text(services []iptService) string {
 	for i := range services {
 		s := &services[i]
 		fmt.Fprintf(&b, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j %s\n",
-			s.ip, s.name, s.port, s.svcChain())
+			s.ClusterIPs[0], s.Name, s.Port, svcChain(s))
 	}
 	for i := range services {
 		s := &services[i]
-		if s.nodePort != 0 {
+		if s.NodePort != 0 {
 			fmt.Fprintf(&b, "-A KUBE-NODEPORTS -p tcp -m comment --comment \"%s\" -m tcp --dport %d -j %s\n",
-				s.name, s.nodePort, s.extChain())
+				s.Name, s.NodePort, extChain(s))
 		}
 	}
 	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
@@ -218,7 +199,7 @@ COMMIT
 
 // natChains starts the nat table: its chains declared (and so flushed),
 // the jumps into them on a first load, and the fixed chains' rules.
-func (r iptablesRestore) natChains(b *strings.Builder, services []iptService) {
+func (r iptablesRestore) natChains(b *strings.Builder, services []k8s.ServicePort) {
 	b.WriteString("*nat\n")
 	for _, c := range []string{"KUBE-MARK-MASQ", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-SERVICES"} {
 		fmt.Fprintf(b, ":%s - [0:0]\n", c)
@@ -228,11 +209,11 @@ func (r iptablesRestore) natChains(b *strings.Builder, services []iptService) {
 			continue
 		}
 		s := &services[i]
-		fmt.Fprintf(b, ":%s - [0:0]\n", s.svcChain())
-		if s.nodePort != 0 {
-			fmt.Fprintf(b, ":%s - [0:0]\n", s.extChain())
+		fmt.Fprintf(b, ":%s - [0:0]\n", svcChain(s))
+		if s.NodePort != 0 {
+			fmt.Fprintf(b, ":%s - [0:0]\n", extChain(s))
 		}
-		for _, ep := range s.endpoints {
+		for _, ep := range s.Endpoints {
 			fmt.Fprintf(b, ":%s - [0:0]\n", sepChain(s, ep))
 		}
 	}
@@ -254,26 +235,26 @@ func (r iptablesRestore) natChains(b *strings.Builder, services []iptService) {
 
 // serviceRules writes one service's own chains: KUBE-EXT, KUBE-SVC with
 // its statistic probabilities, and a KUBE-SEP with DNAT per endpoint.
-func serviceRules(b *strings.Builder, s *iptService) {
-	svc := s.svcChain()
-	if s.nodePort != 0 {
-		ext := s.extChain()
-		fmt.Fprintf(b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, s.name)
+func serviceRules(b *strings.Builder, s *k8s.ServicePort) {
+	svc := svcChain(s)
+	if s.NodePort != 0 {
+		ext := extChain(s)
+		fmt.Fprintf(b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, s.Name)
 		fmt.Fprintf(b, "-A %s -j %s\n", ext, svc)
 	}
 	fmt.Fprintf(b, "-A %s ! -s %s -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport %d -j KUBE-MARK-MASQ\n",
-		svc, clusterCIDR, s.ip, s.name, s.port)
-	for j, ep := range s.endpoints {
-		left := len(s.endpoints) - j
+		svc, clusterCIDR, s.ClusterIPs[0], s.Name, s.Port)
+	for j, ep := range s.Endpoints {
+		left := len(s.Endpoints) - j
 		if left > 1 {
 			fmt.Fprintf(b, "-A %s -m statistic --mode random --probability %0.11f -j %s\n", svc, 1/float64(left), sepChain(s, ep))
 		} else {
 			fmt.Fprintf(b, "-A %s -j %s\n", svc, sepChain(s, ep))
 		}
 	}
-	for _, ep := range s.endpoints {
+	for _, ep := range s.Endpoints {
 		sep := sepChain(s, ep)
-		fmt.Fprintf(b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ep.Addr())
-		fmt.Fprintf(b, "-A %s -p tcp -m tcp -j DNAT --to-destination %s\n", sep, ep)
+		fmt.Fprintf(b, "-A %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, ep.Addr)
+		fmt.Fprintf(b, "-A %s -p tcp -m tcp -j DNAT --to-destination %s\n", sep, addrPort(ep))
 	}
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
-	"github.com/nftproxy/nftproxy/k8s"
 )
 
 // backend is one iptables-restore binary.
@@ -33,7 +31,7 @@ func (be backend) args(noflush bool) []string {
 // fullSyncIptables loads kube-proxy's ruleset for n services into fresh
 // namespaces. Generating the text is not timed.
 func fullSyncIptables(res *Results, be backend, n, runs int) error {
-	text := iptablesRestore{jumps: true}.text(iptServices(snapshot(n, nil)))
+	text := iptablesRestore{jumps: true}.text(snapshot(n, nil).Services)
 	return loadFresh(res, n, runs, be.full, text, be.args(false)...)
 }
 
@@ -42,39 +40,31 @@ func fullSyncIptables(res *Results, be backend, n, runs int) error {
 // service's chains) and, with full, as its full sync does (every chain).
 func iptablesUpdates(res *Results, be backend, n, runs int, full bool) error {
 	return freshNS(func(ns *netns.NS) error {
-		services := iptServices(snapshot(n, nil))
-		if _, err := timeTool(ns, iptablesRestore{jumps: true}.text(services), be.args(false)...); err != nil {
+		ch := &changer{snap: snapshot(n, nil)}
+		if _, err := timeTool(ns, iptablesRestore{jumps: true}.text(ch.snap.Services), be.args(false)...); err != nil {
 			return err
 		}
-		fresh := 0
-		endpointChange := func(run int) (iptablesRestore, []iptService) {
-			i := (run + 1) * len(services) / (runs + 2)
-			fresh++
-			next := append([]iptService(nil), services...)
-			s := &next[i]
-			old := s.endpoints[len(s.endpoints)-1]
-			s.endpoints = append(append([]netip.AddrPort(nil), s.endpoints[:len(s.endpoints)-1]...),
-				netip.AddrPortFrom(endpointAddr(uint32(1<<21+fresh)), endpointPort))
-			return iptablesRestore{only: map[int]bool{i: true}, stale: []string{sepChain(s, old)}}, next
+		// An endpoint change deletes the replaced endpoint's KUBE-SEP chain.
+		endpointChange := func(run int) (change, []string) {
+			c := ch.endpointChange(run, runs)
+			sp := &ch.snap.Services[c.service]
+			return c, []string{sepChain(sp, sp.Endpoints[len(sp.Endpoints)-1])}
 		}
-		serviceAdded := func(int) (iptablesRestore, []iptService) {
-			i := len(services)
-			next := append(append([]iptService(nil), services...), iptServices(&k8s.Snapshot{Services: []k8s.ServicePort{service(i)}})[0])
-			return iptablesRestore{only: map[int]bool{i: true}}, next
-		}
+		serviceAdded := func(int) (change, []string) { return ch.serviceAdded(), nil }
 		for _, k := range []struct {
 			metric string
-			next   func(run int) (iptablesRestore, []iptService)
+			next   func(run int) (change, []string)
 		}{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}} {
 			// all writes every chain, as kube-proxy's full sync does.
 			step := func(all bool) func(run int) (time.Duration, error) {
 				return func(run int) (time.Duration, error) {
-					r, next := k.next(run)
+					c, stale := k.next(run)
+					r := iptablesRestore{only: map[int]bool{c.service: true}, stale: stale}
 					if all {
 						r.only = nil
 					}
-					d, err := timeTool(ns, r.text(next), be.args(true)...)
-					services = next
+					d, err := timeTool(ns, r.text(c.snap.Services), be.args(true)...)
+					ch.snap = c.snap
 					return d, err
 				}
 			}

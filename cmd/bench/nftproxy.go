@@ -186,13 +186,12 @@ func fullSyncNftText(res *Results, n, runs int) error {
 // updater keeps one namespace holding the ruleset of snap, and the
 // connection and proxier a daemon would keep.
 type updater struct {
+	changer
 	ns      *netns.NS
 	conn    *nftnl.Conn
-	snap    *k8s.Snapshot
 	applied *m.Ruleset // Compile(snap), for the paths that diff rulesets
 	proxier *proxier.Proxier
 	kernel  *timedKernel
-	next    int // the next fresh endpoint address
 }
 
 // timedKernel is the daemon's kernel, timing each batch and keeping the
@@ -228,15 +227,25 @@ type change struct {
 	service int
 }
 
-func (u *updater) endpointChange(run, runs int) change {
-	i := (run + 1) * len(u.snap.Services) / (runs + 2) // spread over the table
-	u.next++
-	return change{withEndpointChanged(u.snap, i, endpointAddr(uint32(1<<21+u.next))), i}
+// changer makes the update phase's changes of snap, which whoever applies
+// one moves on to its snapshot: nftproxy's paths and kube-proxy's restores
+// make the same ones.
+type changer struct {
+	snap *k8s.Snapshot
+	next int // the next fresh endpoint address
 }
 
-func (u *updater) serviceAdded() change {
-	i := len(u.snap.Services)
-	return change{withServiceAdded(u.snap, i), i}
+// endpointChange replaces the last endpoint of a service, a different one
+// each run, spread over the table.
+func (c *changer) endpointChange(run, runs int) change {
+	i := (run + 1) * len(c.snap.Services) / (runs + 2)
+	c.next++
+	return change{withEndpointChanged(c.snap, i, endpointAddr(uint32(1<<21+c.next))), i}
+}
+
+func (c *changer) serviceAdded() change {
+	i := len(c.snap.Services)
+	return change{withServiceAdded(c.snap, i), i}
 }
 
 // viaSync is the daemon's sync of a change: proxier.SyncChanges with the
@@ -266,17 +275,33 @@ func (u *updater) viaSync(c change) (user, apply time.Duration, err error) {
 func (u *updater) viaDiff(c change) (time.Duration, error) {
 	applied := u.compiled()
 	start := time.Now()
+	desired, changes, err := u.diff(applied, c)
+	if err == nil {
+		_, err = nftnl.ApplyChanges(u.conn, desired.Family, desired.Table, changes)
+	}
+	return time.Since(start), err
+}
+
+// viaText sends the diff as an nft script through `nft -f -`, as a
+// knftables-based proxy does; building the script is not timed.
+func (u *updater) viaText(c change) (time.Duration, error) {
+	desired, changes, err := u.diff(u.compiled(), c)
+	if err != nil {
+		return 0, err
+	}
+	return timeTool(u.ns, changesScript(desired.Family, desired.Table, changes), "nft", "-f", "-")
+}
+
+// diff compiles c's snapshot and diffs it against applied; the updater then
+// takes the change as applied (an error stops the run anyway).
+func (u *updater) diff(applied *m.Ruleset, c change) (*m.Ruleset, *m.Changes, error) {
 	desired := proxier.Compile(c.snap, compileConfig)
 	changes, ok := m.Diff(applied, desired)
 	if !ok {
-		return 0, errors.New("diff: change not expressible incrementally")
+		return nil, nil, errors.New("diff: change not expressible incrementally")
 	}
-	if _, err := nftnl.ApplyChanges(u.conn, desired.Family, desired.Table, &changes); err != nil {
-		return 0, err
-	}
-	took := time.Since(start)
 	u.applied, u.snap = desired, c.snap
-	return took, nil
+	return desired, &changes, nil
 }
 
 // compiled is the ruleset of snap, compiled when needed (not timed).
@@ -285,22 +310,6 @@ func (u *updater) compiled() *m.Ruleset {
 		u.applied = proxier.Compile(u.snap, compileConfig)
 	}
 	return u.applied
-}
-
-// viaText sends the diff as an nft script through `nft -f -`, as a
-// knftables-based proxy does; building the script is not timed.
-func (u *updater) viaText(c change) (time.Duration, error) {
-	desired := proxier.Compile(c.snap, compileConfig)
-	changes, ok := m.Diff(u.compiled(), desired)
-	if !ok {
-		return 0, errors.New("diff: change not expressible incrementally")
-	}
-	took, err := timeTool(u.ns, changesScript(desired.Family, desired.Table, &changes), "nft", "-f", "-")
-	if err != nil {
-		return 0, err
-	}
-	u.applied, u.snap = desired, c.snap
-	return took, nil
 }
 
 // nftproxyUpdates loads n services once, then times runs of each kind of
@@ -315,7 +324,7 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 		}
 		defer func() { _ = conn.Close() }()
 		k := &timedKernel{Kernel: nftnl.Kernel{Conn: conn}}
-		u := &updater{ns: ns, conn: conn, snap: snapshot(n, nil), kernel: k,
+		u := &updater{changer: changer{snap: snapshot(n, nil)}, ns: ns, conn: conn, kernel: k,
 			proxier: proxier.New(proxier.Options{Configs: []proxier.Config{compileConfig}, Kernel: k})}
 		resync := func() error { return u.proxier.Sync(context.Background(), u.snap, true) }
 		if err := resync(); err != nil {
@@ -331,30 +340,26 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 		}
 		for _, kd := range kinds {
 			var user, apply []float64
-			total, err := repeat(runs, func(run int) (time.Duration, error) {
-				us, a, err := u.viaSync(kd.next(run))
+			viaSync := func(c change) (time.Duration, error) {
+				us, a, err := u.viaSync(c)
 				user, apply = append(user, ms(us)), append(apply, ms(a))
 				return us + a, err
-			})
-			if err != nil {
-				return fmt.Errorf("%s: %w", kd.metric, err)
 			}
-			full, err := repeat(runs, func(run int) (time.Duration, error) { return u.viaDiff(kd.next(run)) })
-			if err != nil {
-				return fmt.Errorf("%s: %w", kd.metric, err)
+			for _, path := range []struct {
+				method string
+				via    func(change) (time.Duration, error)
+			}{{methodNftproxy, viaSync}, {methodFullDiff, u.viaDiff}, {methodNftText, u.viaText}} {
+				took, err := repeat(runs, func(run int) (time.Duration, error) { return path.via(kd.next(run)) })
+				if err != nil {
+					return fmt.Errorf("%s: %w", kd.metric, err)
+				}
+				res.add(n, kd.metric, path.method, took...)
 			}
-			text, err := repeat(runs, func(run int) (time.Duration, error) { return u.viaText(kd.next(run)) })
-			if err != nil {
-				return fmt.Errorf("%s: %w", kd.metric, err)
-			}
+			res.add(n, kd.metric, methodCompile, user...)
+			res.add(n, kd.metric, methodApply, apply...)
 			if err := resync(); err != nil {
 				return err
 			}
-			res.add(n, kd.metric, methodNftproxy, total...)
-			res.add(n, kd.metric, methodCompile, user...)
-			res.add(n, kd.metric, methodApply, apply...)
-			res.add(n, kd.metric, methodFullDiff, full...)
-			res.add(n, kd.metric, methodNftText, text...)
 		}
 		return nil
 	})
