@@ -8,7 +8,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Machine describes where the numbers come from.
@@ -23,26 +24,25 @@ type Machine struct {
 	Nftables string            `json:"google_nftables"`
 }
 
+// benchTools are the programs the phases run, each with the flag that makes it
+// print its version.
+var benchTools = [][2]string{{"nft", "--version"}, {"iptables-legacy-restore", "--version"}, {"iptables-nft-restore", "--version"}, {"ip", "-V"}}
+
 func describeMachine() (Machine, error) {
 	mc := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: map[string]string{}}
-	var uts syscall.Utsname
-	if err := syscall.Uname(&uts); err != nil {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
 		return mc, fmt.Errorf("uname: %w", err)
 	}
-	mc.Kernel = cString(uts.Release[:])
+	mc.Kernel = unix.ByteSliceToString(uts.Release[:])
 	mc.CPU = procField("/proc/cpuinfo", "model name")
-	var si syscall.Sysinfo_t
-	if err := syscall.Sysinfo(&si); err == nil {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err == nil {
 		mc.MemoryMi = int(si.Totalram * uint64(si.Unit) >> 20)
 	}
 	mc.OS = strings.Trim(procField("/etc/os-release", "PRETTY_NAME"), `"`)
-	for _, tool := range [][]string{
-		{"nft", "--version"},
-		{"iptables-legacy-restore", "--version"},
-		{"iptables-nft-restore", "--version"},
-		{"ip", "-V"},
-	} {
-		out, err := exec.Command(tool[0], tool[1:]...).CombinedOutput()
+	for _, tool := range benchTools {
+		out, err := exec.Command(tool[0], tool[1]).CombinedOutput()
 		if err != nil {
 			return mc, fmt.Errorf("find %s (install nftables, iptables and iproute2): %w", tool[0], err)
 		}
@@ -76,17 +76,6 @@ func procField(path, key string) string {
 		}
 	}
 	return ""
-}
-
-func cString(b []int8) string {
-	var s strings.Builder
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		s.WriteByte(byte(c))
-	}
-	return s.String()
 }
 
 // loadAverage returns the 1, 5 and 15 minute load averages: other work on

@@ -198,10 +198,10 @@ type updater struct {
 // last one's stats; beforeFull, when set, runs as a full apply starts.
 type timedKernel struct {
 	nftnl.Kernel
-	beforeFull    func()
-	took          time.Duration
-	stats         m.Stats
-	full, changes int
+	beforeFull func()
+	took       time.Duration
+	stats      m.Stats
+	changes    int
 }
 
 func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
@@ -210,7 +210,7 @@ func (k *timedKernel) Apply(rs *m.Ruleset) (m.Stats, error) {
 	}
 	start := time.Now()
 	st, err := k.Kernel.Apply(rs)
-	k.took, k.stats, k.full = time.Since(start), st, k.full+1
+	k.took, k.stats = time.Since(start), st
 	return st, err
 }
 

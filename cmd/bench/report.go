@@ -298,8 +298,8 @@ func (r *Results) writeMachine(p func(string, ...any)) {
 	p("| CPU | %s, %d cores |\n| memory | %d MiB |\n| kernel | Linux %s |\n| OS | %s |\n| Go | %s |\n",
 		mc.CPU, mc.CPUs, mc.MemoryMi, mc.Kernel, mc.OS, mc.Go)
 	p("| google/nftables | %s |\n", mc.Nftables)
-	for _, tool := range []string{"nft", "iptables-legacy-restore", "iptables-nft-restore", "ip"} {
-		p("| %s | %s |\n", tool, strings.ReplaceAll(mc.Tools[tool], "\n", " "))
+	for _, tool := range benchTools {
+		p("| %s | %s |\n", tool[0], strings.ReplaceAll(mc.Tools[tool[0]], "\n", " "))
 	}
 	if len(r.Load) > 0 {
 		p("| load average (1, 5, 15 min) | %s |\n", strings.Join(r.Load, " before, ")+" after")
@@ -334,19 +334,11 @@ func (r *Results) writeTargets(b *strings.Builder) {
 	check("… with peak RSS ≤ 150 MiB", v, ok, targetRSS50MiB, fmtMiB, notRun)
 	v, ok = r.median(50000, metricFullSyncRSS, methodMemLimit)
 	check("… with peak RSS ≤ 150 MiB, Go's soft memory limit at "+memLimit+" (time in the memory table)", v, ok, targetRSS50MiB, fmtMiB, notRun)
-	first, ok1 := r.connectQuantile(30000, methodConnNftFirst, 0.5)
-	last, ok2 := r.connectQuantile(30000, methodConnNftLast, 0.5)
+	first, ok1 := r.median(30000, metricConnect, methodConnNftFirst)
+	last, ok2 := r.median(30000, metricConnect, methodConnNftLast)
 	check("connect p50 to the last service within 10% of the first, 30,000 services",
 		last/first, ok1 && ok2, targetConnectRatio, func(v float64) string { return fmt.Sprintf("last/first = %.2f", v) }, notRun)
 	t.write(b)
-}
-
-func (r *Results) connectQuantile(n int, method string, q float64) (float64, bool) {
-	rec := r.find(n, metricConnect, method)
-	if rec == nil || len(rec.Values) == 0 {
-		return 0, false
-	}
-	return quantile(rec.Values, q), true
 }
 
 func (r *Results) writeDataplane(p func(string, ...any), b *strings.Builder) {
@@ -401,9 +393,6 @@ func (r *Results) writeSkipped(p func(string, ...any)) {
 	}
 	p("## What was not run, and why\n\n")
 	p("The budget is a full run in about 15 minutes on this 2-core machine. iptables-nft-restore is the slow one: a full-table restore (kube-proxy's full sync) took 31–59 s per update at 5,000 services when tried here (78 s at 10,000), so its updates are timed only up to the sizes below, with one run; its full loads take one run above 10,000 services. iptables-legacy updates take one run above 10,000 services.\n\n")
-	for _, n := range r.Notes {
-		p("- %s\n", n)
-	}
 	if len(lines) > 0 {
 		p("%s\n", strings.Join(lines, "\n"))
 	}
@@ -479,10 +468,10 @@ func (r *Results) writeDataplaneAnalysis(p func(string, ...any)) {
 	if !slices.Contains(r.Sizes, n) {
 		n = r.largest(metricConnect, methodConnNftFirst)
 	}
-	nf, ok1 := r.connectQuantile(n, methodConnNftFirst, 0.5)
-	nl, ok2 := r.connectQuantile(n, methodConnNftLast, 0.5)
-	lf, ok3 := r.connectQuantile(n, methodConnLegacyFirst, 0.5)
-	ll, ok4 := r.connectQuantile(n, methodConnLegacyLast, 0.5)
+	nf, ok1 := r.median(n, metricConnect, methodConnNftFirst)
+	nl, ok2 := r.median(n, metricConnect, methodConnNftLast)
+	lf, ok3 := r.median(n, metricConnect, methodConnLegacyFirst)
+	ll, ok4 := r.median(n, metricConnect, methodConnLegacyLast)
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return
 	}

@@ -70,8 +70,7 @@ type Results struct {
 	Machine  Machine   `json:"machine"`
 	Records  []Record  `json:"records,omitempty"`
 	GoBench  []GoBench `json:"go_bench,omitempty"`
-	Load     []string  `json:"load,omitempty"` // /proc/loadavg before and after
-	Notes    []string  `json:"notes,omitempty"`
+	Load     []string  `json:"load,omitempty"`  // /proc/loadavg before and after
 	Peers    *PeerRun  `json:"peers,omitempty"` // the peers phase: nftproxy against kube-proxy
 	Soak     *SoakRun  `json:"soak,omitempty"`  // the soak phase
 }
