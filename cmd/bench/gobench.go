@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -25,26 +24,17 @@ func goBenchPhase(res *Results, _ *options) error {
 	if err != nil {
 		return fmt.Errorf("run go benchmarks: %w: %s", err, firstLines(string(out), 10))
 	}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
 		b := GoBench{Name: f[0]}
+		units := map[string]*float64{"ns/op": &b.NsPerOp, "B/op": &b.BytesPerOp, "allocs/op": &b.AllocsPerOp}
 		// Benchmark lines are name, iterations, then value-unit pairs.
 		for i := 2; i+1 < len(f); i += 2 {
-			v, err := strconv.ParseFloat(f[i], 64)
-			if err != nil {
-				continue
-			}
-			switch f[i+1] {
-			case "ns/op":
-				b.NsPerOp = v
-			case "B/op":
-				b.BytesPerOp = v
-			case "allocs/op":
-				b.AllocsPerOp = v
+			if v, err := strconv.ParseFloat(f[i], 64); err == nil && units[f[i+1]] != nil {
+				*units[f[i+1]] = v
 			}
 		}
 		res.GoBench = append(res.GoBench, b)

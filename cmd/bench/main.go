@@ -128,13 +128,10 @@ func parseOptions(args []string) (*options, error) {
 	if o.phases, err = knownList("phase", *r.phases, append(slices.Clip(allPhases), soakPhaseName)); err != nil {
 		return nil, err
 	}
-	switch *r.soakSource {
-	case "api":
-	case "manifests":
-		o.soak.manifests = true
-	default:
+	if *r.soakSource != "api" && *r.soakSource != "manifests" {
 		return nil, fmt.Errorf("unknown --soak-source %q, want api or manifests", *r.soakSource)
 	}
+	o.soak.manifests = *r.soakSource == "manifests"
 	if o.soak.rate <= 0 || o.soak.connRate <= 0 || o.soak.services < 3 || o.soak.duration <= 0 {
 		return nil, errors.New("soak: --soak-rate, --soak-conn-rate and --soak-duration must be positive, --soak-services at least 3")
 	}
@@ -165,12 +162,9 @@ func run(args []string) error {
 	}
 	// A run of some phases, workloads or proxies keeps the saved figures of
 	// the others; the peers phase saves after each proxy, so a run cut
-	// short keeps what it finished.
+	// short keeps what it finished. There may be no saved figures.
 	path := o.results
-	old, lerr := loadResults(path)
-	if lerr != nil {
-		old = nil
-	}
+	old, _ := loadResults(path)
 	o.checkpoint = func(res *Results) {
 		if err := mergeResults(old, res).save(path); err != nil {
 			logf("saving results: %v", err)

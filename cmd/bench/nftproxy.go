@@ -34,6 +34,8 @@ type childReport struct {
 	PeakKiB int `json:"peak_kib"`
 	// Live heap after a collection at each stage, with --child-memstats.
 	HeapMiB map[string]float64 `json:"heap_mib,omitempty"`
+	// cpuMS is the child's user and system time, from the parent's rusage.
+	cpuMS float64
 }
 
 // Stages of the child's live-heap report.
@@ -88,21 +90,13 @@ func childSync(n int, nsPath string, memstats bool) error {
 	return json.NewEncoder(os.Stdout).Encode(rep)
 }
 
-// childRun is one child sync's report and resource use.
-type childRun struct {
-	rep    childReport
-	rssMiB float64
-	cpuMS  float64
-}
-
 // runChild runs one full sync of n services in a child process and a fresh
 // namespace; env is added to the child's environment.
-func runChild(n int, memstats bool, env ...string) (childRun, error) {
+func runChild(n int, memstats bool, env ...string) (rep childReport, err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return childRun{}, fmt.Errorf("find own executable: %w", err)
+		return rep, fmt.Errorf("find own executable: %w", err)
 	}
-	var run childRun
 	err = freshNS(func(ns *netns.NS) error {
 		cmd := exec.Command(self, "--child-sync", strconv.Itoa(n), "--child-netns", "/run/netns/"+ns.Name(),
 			"--child-memstats="+strconv.FormatBool(memstats))
@@ -112,18 +106,17 @@ func runChild(n int, memstats bool, env ...string) (childRun, error) {
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("run child sync: %w: %s", err, firstLines(errOut.String(), 5))
 		}
-		if err := json.Unmarshal(out.Bytes(), &run.rep); err != nil {
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			return fmt.Errorf("read child report: %w", err)
 		}
 		ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 		if !ok {
 			return errors.New("read child rusage: not a syscall.Rusage")
 		}
-		run.rssMiB = float64(run.rep.PeakKiB) / 1024
-		run.cpuMS = ms(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
+		rep.cpuMS = ms(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
 		return nil
 	})
-	return run, err
+	return rep, err
 }
 
 // memLimit is the soft memory limit of the alternative full sync: the
@@ -151,8 +144,8 @@ func fullSyncNftproxy(res *Results, n, runs int) error {
 			if err != nil {
 				return err
 			}
-			took, compile, apply = append(took, r.rep.CompileMS+r.rep.ApplyMS), append(compile, r.rep.CompileMS), append(apply, r.rep.ApplyMS)
-			rss, cpu = append(rss, r.rssMiB), append(cpu, r.cpuMS)
+			took, compile, apply = append(took, r.CompileMS+r.ApplyMS), append(compile, r.CompileMS), append(apply, r.ApplyMS)
+			rss, cpu = append(rss, float64(r.PeakKiB)/1024), append(cpu, r.cpuMS)
 		}
 		res.add(n, metricFullSync, alt.method, took...)
 		if alt.limit == "" {
@@ -168,9 +161,9 @@ func fullSyncNftproxy(res *Results, n, runs int) error {
 		return err
 	}
 	for _, stage := range []string{stageSnapshot, stageCompiled} {
-		res.add(n, metricLiveHeap, stage, r.rep.HeapMiB[stage])
+		res.add(n, metricLiveHeap, stage, r.HeapMiB[stage])
 	}
-	res.add(n, metricLiveHeap, "elements", float64(r.rep.Elements))
+	res.add(n, metricLiveHeap, "elements", float64(r.Elements))
 	return nil
 }
 
