@@ -78,8 +78,8 @@ func daemonMethod(method string, eps int) string {
 // one file, and the service whose endpoint the steps replace in a file of
 // its own, so that a step rewrites (and the daemon reads again) one service.
 type daemonManifests struct {
-	dir, stepFile string
-	versions      [2]*k8s.Snapshot // the step file's two contents
+	stepFile string
+	versions [2]*k8s.Snapshot // the step file's two contents
 }
 
 func writeDaemonManifests(dir string, n, eps int) (daemonManifests, error) {
@@ -89,7 +89,7 @@ func writeDaemonManifests(dir string, n, eps int) (daemonManifests, error) {
 	}
 	step := n / 2
 	rest := &k8s.Snapshot{Services: append(slices.Clone(all.Services[:step]), all.Services[step+1:]...)}
-	m := daemonManifests{dir: dir, stepFile: filepath.Join(dir, "step.yaml")}
+	m := daemonManifests{stepFile: filepath.Join(dir, "step.yaml")}
 	m.versions = [2]*k8s.Snapshot{{Services: all.Services[step : step+1]},
 		withEndpointChanged(&k8s.Snapshot{Services: all.Services[step : step+1]}, 0, replacementEndpoint(0))}
 	if err := writeManifests(filepath.Join(dir, "services.yaml"), rest); err != nil {

@@ -31,8 +31,6 @@ var clusterCIDR = netns.ClusterCIDR
 
 var compileConfig = proxier.Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{clusterCIDR}}
 
-func serviceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
-
 // clusterIP returns the i-th ClusterIP: 64,000 in each /16 from 10.96.0.0.
 func clusterIP(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 96 + byte(i/64000), byte(i % 64000 / 250), byte(i%250 + 1)})
@@ -60,7 +58,7 @@ func endpoint(a netip.Addr) k8s.Endpoint {
 // service returns the i-th service port with its own three endpoints.
 func service(i int) k8s.ServicePort {
 	sp := k8s.ServicePort{
-		Name:       k8s.ServicePortName{Namespace: "default", Name: serviceName(i), Port: "http", Protocol: k8s.TCP},
+		Name:       k8s.ServicePortName{Namespace: "default", Name: fmt.Sprintf("svc-%05d", i), Port: "http", Protocol: k8s.TCP},
 		ClusterIPs: []netip.Addr{clusterIP(i)},
 		Port:       servicePort,
 		NodePort:   nodePort(i),
