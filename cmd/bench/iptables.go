@@ -44,42 +44,34 @@ func iptablesUpdates(res *Results, be backend, n, runs int, full bool) error {
 		if _, err := timeTool(ns, iptablesRestore{jumps: true}.text(ch.snap.Services), be.args(false)...); err != nil {
 			return err
 		}
-		// An endpoint change deletes the replaced endpoint's KUBE-SEP chain.
-		endpointChange := func(run int) (change, []string) {
-			c := ch.endpointChange(run, runs)
-			sp := &ch.snap.Services[c.service]
-			return c, []string{sepChain(sp, sp.Endpoints[len(sp.Endpoints)-1])}
-		}
-		serviceAdded := func(int) (change, []string) { return ch.serviceAdded(), nil }
-		for _, k := range []struct {
-			metric string
-			next   func(run int) (change, []string)
-		}{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}} {
-			// all writes every chain, as kube-proxy's full sync does.
-			step := func(all bool) func(run int) (time.Duration, error) {
-				return func(run int) (time.Duration, error) {
-					c, stale := k.next(run)
-					r := iptablesRestore{only: map[int]bool{c.service: true}, stale: stale}
-					if all {
+		for _, k := range ch.kinds(runs) {
+			// kube-proxy's full sync writes every chain, its partial sync
+			// the changed service's alone.
+			for _, restore := range []struct {
+				method string
+				all    bool
+			}{{be.full, true}, {be.partial, false}} {
+				if restore.all && !full {
+					continue
+				}
+				took, err := repeat(runs, func(run int) (time.Duration, error) {
+					c := k.next(run)
+					r := iptablesRestore{only: map[int]bool{c.service: true}}
+					for _, e := range c.gone {
+						r.stale = append(r.stale, sepChain(&c.snap.Services[c.service], e))
+					}
+					if restore.all {
 						r.only = nil
 					}
 					d, err := timeTool(ns, r.text(c.snap.Services), be.args(true)...)
 					ch.snap = c.snap
 					return d, err
-				}
-			}
-			if full {
-				whole, err := repeat(runs, step(true))
+				})
 				if err != nil {
 					return fmt.Errorf("%s: %w", k.metric, err)
 				}
-				res.add(n, k.metric, be.full, whole...)
+				res.add(n, k.metric, restore.method, took...)
 			}
-			partial, err := repeat(runs, step(false))
-			if err != nil {
-				return fmt.Errorf("%s: %w", k.metric, err)
-			}
-			res.add(n, k.metric, be.partial, partial...)
 		}
 		return nil
 	})

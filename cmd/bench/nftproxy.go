@@ -214,10 +214,12 @@ func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.St
 	return st, err
 }
 
-// change is one update: the snapshot after it and the service it touched.
+// change is one update: the snapshot after it, the service it touched and
+// the endpoints it took from that service.
 type change struct {
 	snap    *k8s.Snapshot
 	service int
+	gone    []k8s.Endpoint
 }
 
 // changer makes the update phase's changes of snap, which whoever applies
@@ -228,17 +230,26 @@ type changer struct {
 	next int // the next fresh endpoint address
 }
 
-// endpointChange replaces the last endpoint of a service, a different one
-// each run, spread over the table.
-func (c *changer) endpointChange(run, runs int) change {
-	i := (run + 1) * len(c.snap.Services) / (runs + 2)
-	c.next++
-	return change{withEndpointChanged(c.snap, i, endpointAddr(uint32(1<<21+c.next))), i}
+// kind is one kind of update: its metric and the change of each run.
+type kind struct {
+	metric string
+	next   func(run int) change
 }
 
-func (c *changer) serviceAdded() change {
-	i := len(c.snap.Services)
-	return change{withServiceAdded(c.snap, i), i}
+// kinds are an endpoint change, the last endpoint of a different service
+// each run (spread over the table) replaced, and a service added.
+func (c *changer) kinds(runs int) []kind {
+	endpointChange := func(run int) change {
+		i := (run + 1) * len(c.snap.Services) / (runs + 2)
+		c.next++
+		eps := c.snap.Services[i].Endpoints
+		return change{withEndpointChanged(c.snap, i, endpointAddr(uint32(1<<21+c.next))), i, eps[len(eps)-1:]}
+	}
+	serviceAdded := func(int) change {
+		i := len(c.snap.Services)
+		return change{withServiceAdded(c.snap, i), i, nil}
+	}
+	return []kind{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}}
 }
 
 // viaSync is the daemon's sync of a change: proxier.SyncChanges with the
@@ -323,15 +334,7 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 		if err := resync(); err != nil {
 			return err
 		}
-		type kind struct {
-			metric string
-			next   func(run int) change
-		}
-		kinds := []kind{
-			{metricEndpointChange, func(run int) change { return u.endpointChange(run, runs) }},
-			{metricServiceAdded, func(int) change { return u.serviceAdded() }},
-		}
-		for _, kd := range kinds {
+		for _, kd := range u.kinds(runs) {
 			var user, apply []float64
 			viaSync := func(c change) (time.Duration, error) {
 				us, a, err := u.viaSync(c)
