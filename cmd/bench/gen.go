@@ -104,6 +104,44 @@ func withServiceAdded(snap *k8s.Snapshot, i int) *k8s.Snapshot {
 	return next
 }
 
+// change is one update: the snapshot after it, the service it touched and
+// the endpoints it took from that service.
+type change struct {
+	snap    *k8s.Snapshot
+	service int
+	gone    []k8s.Endpoint
+}
+
+// changer makes the update phase's changes of snap, which whoever applies
+// one moves on to its snapshot: nftproxy's paths and kube-proxy's restores
+// make the same ones.
+type changer struct {
+	snap *k8s.Snapshot
+	next int // the next fresh endpoint address
+}
+
+// kind is one kind of update: its metric and the change of each run.
+type kind struct {
+	metric string
+	next   func(run int) change
+}
+
+// kinds are an endpoint change, the last endpoint of a different service
+// each run (spread over the table) replaced, and a service added.
+func (c *changer) kinds(runs int) []kind {
+	endpointChange := func(run int) change {
+		i := (run + 1) * len(c.snap.Services) / (runs + 2)
+		c.next++
+		eps := c.snap.Services[i].Endpoints
+		return change{withEndpointChanged(c.snap, i, endpointAddr(uint32(1<<21+c.next))), i, eps[len(eps)-1:]}
+	}
+	serviceAdded := func(int) change {
+		i := len(c.snap.Services)
+		return change{withServiceAdded(c.snap, i), i, nil}
+	}
+	return []kind{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}}
+}
+
 // chainHash names per-service chains the way kube-proxy does: a prefix and
 // 16 characters of base32(sha256(what)).
 func chainHash(prefix, what string) string {

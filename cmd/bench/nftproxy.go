@@ -185,6 +185,8 @@ type updater struct {
 	applied *m.Ruleset // Compile(snap), for the paths that diff rulesets
 	proxier *proxier.Proxier
 	kernel  *timedKernel
+	// The user-space and netlink shares of each viaSync, in milliseconds.
+	user, apply []float64
 }
 
 // timedKernel is the daemon's kernel, timing each batch and keeping the
@@ -214,63 +216,26 @@ func (k *timedKernel) ApplyChanges(f m.Family, table string, c *m.Changes) (m.St
 	return st, err
 }
 
-// change is one update: the snapshot after it, the service it touched and
-// the endpoints it took from that service.
-type change struct {
-	snap    *k8s.Snapshot
-	service int
-	gone    []k8s.Endpoint
-}
-
-// changer makes the update phase's changes of snap, which whoever applies
-// one moves on to its snapshot: nftproxy's paths and kube-proxy's restores
-// make the same ones.
-type changer struct {
-	snap *k8s.Snapshot
-	next int // the next fresh endpoint address
-}
-
-// kind is one kind of update: its metric and the change of each run.
-type kind struct {
-	metric string
-	next   func(run int) change
-}
-
-// kinds are an endpoint change, the last endpoint of a different service
-// each run (spread over the table) replaced, and a service added.
-func (c *changer) kinds(runs int) []kind {
-	endpointChange := func(run int) change {
-		i := (run + 1) * len(c.snap.Services) / (runs + 2)
-		c.next++
-		eps := c.snap.Services[i].Endpoints
-		return change{withEndpointChanged(c.snap, i, endpointAddr(uint32(1<<21+c.next))), i, eps[len(eps)-1:]}
-	}
-	serviceAdded := func(int) change {
-		i := len(c.snap.Services)
-		return change{withServiceAdded(c.snap, i), i, nil}
-	}
-	return []kind{{metricEndpointChange, endpointChange}, {metricServiceAdded, serviceAdded}}
-}
-
 // viaSync is the daemon's sync of a change: proxier.SyncChanges with the
 // service port that changed, as the tracker hands it over, which recompiles
-// that port and sends its changes in one batch. It returns the user-space and
+// that port and sends its changes in one batch. It keeps the user-space and
 // the netlink share.
-func (u *updater) viaSync(c change) (user, apply time.Duration, err error) {
+func (u *updater) viaSync(c change) (time.Duration, error) {
 	sp := &c.snap.Services[c.service]
 	ch := k8s.Changes{Ports: map[k8s.ServicePortName]*k8s.ServicePort{sp.Name: sp},
 		Node: c.snap.Node, ServiceCIDRs: c.snap.ServiceCIDRs}
 	before := u.kernel.changes
 	start := time.Now()
 	if err := u.proxier.SyncChanges(context.Background(), ch); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	took := time.Since(start)
 	if u.kernel.changes != before+1 {
-		return 0, 0, errors.New("sync: the change was not sent as one incremental batch")
+		return 0, errors.New("sync: the change was not sent as one incremental batch")
 	}
 	u.snap, u.applied = c.snap, nil
-	return took - u.kernel.took, u.kernel.took, nil
+	u.user, u.apply = append(u.user, ms(took-u.kernel.took)), append(u.apply, ms(u.kernel.took))
+	return took, nil
 }
 
 // viaDiff is the alternative the incremental compiler replaced: compile the
@@ -335,24 +300,19 @@ func nftproxyUpdates(res *Results, n, runs int) error {
 			return err
 		}
 		for _, kd := range u.kinds(runs) {
-			var user, apply []float64
-			viaSync := func(c change) (time.Duration, error) {
-				us, a, err := u.viaSync(c)
-				user, apply = append(user, ms(us)), append(apply, ms(a))
-				return us + a, err
-			}
 			for _, path := range []struct {
 				method string
 				via    func(change) (time.Duration, error)
-			}{{methodNftproxy, viaSync}, {methodFullDiff, u.viaDiff}, {methodNftText, u.viaText}} {
+			}{{methodNftproxy, u.viaSync}, {methodFullDiff, u.viaDiff}, {methodNftText, u.viaText}} {
 				took, err := repeat(runs, func(run int) (time.Duration, error) { return path.via(kd.next(run)) })
 				if err != nil {
 					return fmt.Errorf("%s: %w", kd.metric, err)
 				}
 				res.add(n, kd.metric, path.method, took...)
 			}
-			res.add(n, kd.metric, methodCompile, user...)
-			res.add(n, kd.metric, methodApply, apply...)
+			res.add(n, kd.metric, methodCompile, u.user...)
+			res.add(n, kd.metric, methodApply, u.apply...)
+			u.user, u.apply = nil, nil
 			if err := resync(); err != nil {
 				return err
 			}
