@@ -52,14 +52,13 @@ func daemonPhase(res *Results, o *options) error {
 		shapes = append(shapes, shape{n, 1})
 	}
 	for _, s := range shapes {
-		n := s.n
-		logf("daemon, %d services x %d endpoints", n, s.eps)
-		figures, err := runDaemon(o.nftproxy, n, s.eps, o.daemonProfiles)
+		logf("daemon, %d services x %d endpoints", s.n, s.eps)
+		figures, err := runDaemon(o.nftproxy, s.n, s.eps, o.daemonProfiles)
 		if err != nil {
-			return fmt.Errorf("%d services: %w", n, err)
+			return fmt.Errorf("%d services: %w", s.n, err)
 		}
 		for _, f := range figures {
-			res.add(n, f.Metric, daemonMethod(f.Method, s.eps), f.Values...)
+			res.add(s.n, f.Metric, daemonMethod(f.Method, s.eps), f.Values...)
 		}
 	}
 	return nil

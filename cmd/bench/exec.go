@@ -44,15 +44,13 @@ func timeTool(ns *netns.NS, input string, args ...string) (time.Duration, error)
 	err = cmd.Wait()
 	took := time.Since(start)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return took, fmt.Errorf("run %s: %w after %s", args[0], errTimeout, toolTimeout)
+		return took, fmt.Errorf("run %s: timed out after %s", args[0], toolTimeout)
 	}
 	if err != nil {
 		return took, fmt.Errorf("run %s: %w: %s", args[0], err, firstLines(out.String(), 5))
 	}
 	return took, nil
 }
-
-var errTimeout = errors.New("timed out")
 
 func firstLines(s string, n int) string {
 	lines := strings.SplitN(strings.TrimSpace(s), "\n", n+1)
