@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -60,16 +59,14 @@ func describeMachine() (Machine, error) {
 
 // procField returns the value of the first "key: value" or "key=value" line.
 func procField(path, key string) string {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
+	for line := range strings.Lines(string(data)) {
+		k, v, ok := strings.Cut(line, ":")
 		if !ok {
-			k, v, ok = strings.Cut(sc.Text(), "=")
+			k, v, ok = strings.Cut(line, "=")
 		}
 		if ok && strings.TrimSpace(k) == key {
 			return strings.TrimSpace(v)
