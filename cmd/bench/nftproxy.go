@@ -131,16 +131,13 @@ const memLimit = "130MiB"
 // runtime's own), and once reporting the live heap between stages.
 func fullSyncNftproxy(res *Results, n, runs int) error {
 	for _, alt := range []struct {
-		method, limit string
-		runs          int
-	}{{methodNftproxy, "", runs}, {methodMemLimit, memLimit, runs}, {methodMemFloor, "1MiB", 1}} {
-		var env []string
-		if alt.limit != "" {
-			env = []string{"GOMEMLIMIT=" + alt.limit}
-		}
+		method string
+		env    []string
+		runs   int
+	}{{methodNftproxy, nil, runs}, {methodMemLimit, []string{"GOMEMLIMIT=" + memLimit}, runs}, {methodMemFloor, []string{"GOMEMLIMIT=1MiB"}, 1}} {
 		var took, compile, apply, rss, cpu []float64
 		for range alt.runs {
-			r, err := runChild(n, false, env...)
+			r, err := runChild(n, false, alt.env...)
 			if err != nil {
 				return err
 			}
@@ -148,7 +145,7 @@ func fullSyncNftproxy(res *Results, n, runs int) error {
 			rss, cpu = append(rss, float64(r.PeakKiB)/1024), append(cpu, r.cpuMS)
 		}
 		res.add(n, metricFullSync, alt.method, took...)
-		if alt.limit == "" {
+		if alt.env == nil {
 			// The split of the sync is the default child's alone.
 			res.add(n, metricFullSync, methodCompile, compile...)
 			res.add(n, metricFullSync, methodApply, apply...)
