@@ -276,8 +276,6 @@ func (d *daemonRun) waitLines(want int, patterns ...string) error {
 	}
 }
 
-func abs(x int) int { return max(x, -x) }
-
 // writeManifests writes the snapshot's services as Service and EndpointSlice
 // manifests, in one file.
 func writeManifests(path string, snap *k8s.Snapshot) error {
