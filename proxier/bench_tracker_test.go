@@ -154,18 +154,25 @@ func BenchmarkEndpointReplaced(b *testing.B) {
 // wideSlice is the s-th slice of 100 endpoints of one wide service
 // (trackerService(0)); alt replaces its last endpoint.
 func wideSlice(s int, alt bool) *discoveryv1.EndpointSlice {
+	sl := endpointSlice(0, s, uint32(100*s+1), 100)
+	if alt {
+		sl.Endpoints[99].Addresses = []string{benchEndpoint(1 << 20).Addr.String()}
+	}
+	return sl
+}
+
+// endpointSlice is the s-th slice of trackerService(svc), with n ready
+// endpoints from benchEndpoint(first) on.
+func endpointSlice(svc, s int, first uint32, n int) *discoveryv1.EndpointSlice {
 	ready := true
+	name := fmt.Sprintf("svc-%05d", svc)
 	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-00000-%02d", s), Labels: map[string]string{discoveryv1.LabelServiceName: "svc-00000"}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("%s-%02d", name, s), Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(v1.ProtocolTCP)}},
 	}
-	for j := range 100 {
-		n := uint32(100*s + j + 1)
-		if alt && j == 99 {
-			n = 1 << 20
-		}
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{benchEndpoint(n).Addr.String()},
+	for j := range n {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{benchEndpoint(first + uint32(j)).Addr.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
 	}
 	return sl
@@ -255,6 +262,66 @@ func BenchmarkKernelChange(b *testing.B) {
 						}
 					} else {
 						tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
+					}
+					meter.start()
+					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+						b.Fatal(err)
+					}
+					meter.stop()
+					i++
+				}
+				meter.report(b)
+			})
+		}
+	}
+}
+
+// BenchmarkKernelNewCount is a service added, and the next iteration
+// removed, through netlink into a fresh network namespace (root only), next
+// to ten services of width endpoints each and one of three: the new service
+// has three endpoints (count: a dispatch chain for three is there) or four
+// (new: none is, so the batch adds the chain cluster-4). A chain's rule that
+// reads a map binds it, and the kernel checks every element of a map at
+// each new binding from another chain (nf_tables_bind_check_setelem): the
+// new count's sys-ms/op grows with the endpoints of the whole table
+// (docs/design.md, "What a new endpoint count costs the kernel").
+//
+//	go test -run - -bench KernelNewCount ./proxier/
+func BenchmarkKernelNewCount(b *testing.B) {
+	for _, width := range []int{1000, 3000, 6000} {
+		services := []*v1.Service{trackerService(10)}
+		slices := []*discoveryv1.EndpointSlice{endpointSlice(10, 0, 1<<20, 3)}
+		for i := range 10 {
+			services = append(services, trackerService(i))
+			for s := range width / 100 {
+				slices = append(slices, endpointSlice(i, s, uint32(i*width+100*s+1), 100))
+			}
+		}
+		for _, count := range []struct {
+			name string
+			n    int
+		}{{"count", 3}, {"new", 4}} {
+			b.Run(fmt.Sprintf("%s/10x%d", count.name, width), func(b *testing.B) {
+				ns := netns.New(b, "pxn")
+				conn, err := nftnl.Dial(ns.Fd())
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer func() { _ = conn.Close() }()
+				tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+				tr.ReplaceAll(services, append(slices, endpointSlice(11, 0, 1<<21, count.n)), nil)
+				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
+				tr.TakeChanges()
+				if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+					b.Fatal(err)
+				}
+				var meter cpuMeter
+				i := 0
+				for b.Loop() {
+					if i%2 == 0 {
+						tr.SetService(trackerService(11))
+					} else {
+						tr.DeleteService("default", "svc-00011")
 					}
 					meter.start()
 					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
