@@ -280,7 +280,7 @@ func BenchmarkKernelChange(b *testing.B) {
 // removed, through netlink into a fresh network namespace (root only), next
 // to ten services of width endpoints each and one of three: the new service
 // has three endpoints (count: a dispatch chain for three is there) or four
-// (new: none is, so the batch adds the chain cluster-4). A chain's rule that
+// (new: none is, so the batch adds the chain cluster-ip-4). A chain's rule that
 // reads a map binds it, and the kernel checks every element of a map at
 // each new binding from another chain (nf_tables_bind_check_setelem): the
 // new count's sys-ms/op grows with the endpoints of the whole table
