@@ -21,35 +21,49 @@ const nsPrefix = "npb"
 // by size beforehand, this only keeps a surprise from hanging the run.
 const toolTimeout = 5 * time.Minute
 
-// timeTool runs a tool inside ns with input on its standard input and
-// returns how long it took, process start-up and exit included (what a
-// proxy that shells out pays). The child is forked from a thread switched
-// into the namespace, which costs less than `ip netns exec` and adds
-// nothing to the measurement.
-func timeTool(ns *netns.NS, input string, args ...string) (time.Duration, error) {
+// toolRun is what one run of a tool left: how long it took, process
+// start-up and exit included (what a proxy that shells out pays), its
+// standard output and its user and system CPU.
+type toolRun struct {
+	took, cpu time.Duration
+	out       []byte
+}
+
+// runTool runs a tool inside ns with input on its standard input and env
+// added to its environment. The child is forked from a thread switched into
+// the namespace, which costs less than `ip netns exec` and adds nothing to
+// the measurement.
+func runTool(ns *netns.NS, input string, env []string, args ...string) (toolRun, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
-	cmd.Stdin = strings.NewReader(input)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdin, cmd.Env = strings.NewReader(input), append(os.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	var start time.Time
 	err := ns.Do(func() error {
 		start = time.Now()
 		return cmd.Start()
 	})
 	if err != nil {
-		return 0, fmt.Errorf("start %s: %w", args[0], err)
+		return toolRun{}, fmt.Errorf("start %s: %w", args[0], err)
 	}
 	err = cmd.Wait()
-	took := time.Since(start)
+	run := toolRun{took: time.Since(start), out: out.Bytes()}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return took, fmt.Errorf("run %s: timed out after %s", args[0], toolTimeout)
+		return run, fmt.Errorf("run %s: timed out after %s", args[0], toolTimeout)
 	}
 	if err != nil {
-		return took, fmt.Errorf("run %s: %w: %s", args[0], err, firstLines(out.String(), 5))
+		return run, fmt.Errorf("run %s: %w: %s", args[0], err, firstLines(errOut.String()+out.String(), 5))
 	}
-	return took, nil
+	run.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return run, nil
+}
+
+// timeTool is runTool for the time alone.
+func timeTool(ns *netns.NS, input string, args ...string) (time.Duration, error) {
+	run, err := runTool(ns, input, nil, args...)
+	return run.took, err
 }
 
 func firstLines(s string, n int) string {

@@ -39,7 +39,6 @@ type options struct {
 	soak           soakOptions
 
 	childSync     int
-	childNetns    string
 	childMemstats bool
 }
 
@@ -92,8 +91,7 @@ func defineFlags(fs *flag.FlagSet, o *options) rawFlags {
 	fs.DurationVar(&o.soak.grace, "soak-grace", 10*time.Second, "soak phase: how long a replaced endpoint stays terminating before its pod exits and it is removed")
 	fs.StringVar(&o.soak.profiles, "soak-profiles", "", "soak phase: directory the daemon's heap profiles at idle, start and end are saved to (none when empty)")
 	r.soakSource = fs.String("soak-source", "api", "soak phase: where nftproxy reads the objects, api (a real kube-apiserver) or manifests (a directory)")
-	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in --child-netns and exit")
-	fs.StringVar(&o.childNetns, "child-netns", "", "internal: the namespace of --child-sync")
+	fs.IntVar(&o.childSync, "child-sync", 0, "internal: sync this many services in the current namespace and exit")
 	fs.BoolVar(&o.childMemstats, "child-memstats", false, "internal: --child-sync reports its live heap")
 	return r
 }
@@ -145,7 +143,7 @@ func run(args []string) error {
 		return err
 	}
 	if o.childSync > 0 {
-		return childSync(o.childSync, o.childNetns, o.childMemstats)
+		return childSync(o.childSync, o.childMemstats)
 	}
 	if o.render != "" {
 		res, err := loadResults(o.render)

@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e"
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -34,7 +29,7 @@ type childReport struct {
 	PeakKiB int `json:"peak_kib"`
 	// Live heap after a collection at each stage, with --child-memstats.
 	HeapMiB map[string]float64 `json:"heap_mib,omitempty"`
-	// cpuMS is the child's user and system time, from the parent's rusage.
+	// cpuMS is the child's user and system time, as the parent sees it.
 	cpuMS float64
 }
 
@@ -44,12 +39,12 @@ const (
 	stageCompiled = "snapshot + ruleset"
 )
 
-// childSync is the re-executed program: one full sync of n services into the
-// namespace at nsPath, as a daemon's first sync does (proxier.Sync: compile,
+// childSync is the re-executed program: one full sync of n services into its
+// own namespace, as a daemon's first sync does (proxier.Sync: compile,
 // one netlink batch), and nothing else, so its rusage is the sync's. With
 // memstats it collects garbage between stages to report the live heap,
 // which slows it.
-func childSync(n int, nsPath string, memstats bool) error {
+func childSync(n int, memstats bool) error {
 	rep := childReport{HeapMiB: map[string]float64{}}
 	heap := func(stage string) {
 		if memstats {
@@ -61,12 +56,7 @@ func childSync(n int, nsPath string, memstats bool) error {
 	}
 	snap := snapshot(n, nil)
 	heap(stageSnapshot)
-	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open netns: %w", err)
-	}
-	defer unix.Close(fd)
-	conn, err := nftnl.Dial(fd)
+	conn, err := nftnl.Dial(0)
 	if err != nil {
 		return err
 	}
@@ -98,22 +88,14 @@ func runChild(n int, memstats bool, env ...string) (rep childReport, err error) 
 		return rep, fmt.Errorf("find own executable: %w", err)
 	}
 	err = freshNS(func(ns *netns.NS) error {
-		cmd := exec.Command(self, "--child-sync", strconv.Itoa(n), "--child-netns", "/run/netns/"+ns.Name(),
-			"--child-memstats="+strconv.FormatBool(memstats))
-		cmd.Env = append(os.Environ(), env...)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("run child sync: %w: %s", err, firstLines(errOut.String(), 5))
+		run, err := runTool(ns, "", env, self, "--child-sync", strconv.Itoa(n), "--child-memstats="+strconv.FormatBool(memstats))
+		if err != nil {
+			return err
 		}
-		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		if err := json.Unmarshal(run.out, &rep); err != nil {
 			return fmt.Errorf("read child report: %w", err)
 		}
-		ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-		if !ok {
-			return errors.New("read child rusage: not a syscall.Rusage")
-		}
-		rep.cpuMS = ms(time.Duration(ru.Utime.Nano() + ru.Stime.Nano()))
+		rep.cpuMS = ms(run.cpu)
 		return nil
 	})
 	return rep, err

@@ -59,25 +59,10 @@ func writeElements(b *strings.Builder, verb string, f m.Family, table string, se
 		}
 		switch {
 		case e.Verdict != nil:
-			b.WriteString(" : " + nftVerdict(*e.Verdict))
+			b.WriteString(" : " + m.RenderRule(f, m.Rule{Exprs: []m.Expr{*e.Verdict}}))
 		case len(se.Data) > 0:
 			b.WriteString(" : " + m.RenderValues(se.Data, e.Data))
 		}
 	}
 	b.WriteString(" }\n")
-}
-
-func nftVerdict(v m.Verdict) string {
-	switch v.Kind {
-	case m.Accept:
-		return "accept"
-	case m.Drop:
-		return "drop"
-	case m.Return:
-		return "return"
-	case m.Jump:
-		return "jump " + v.Chain
-	default:
-		return "goto " + v.Chain
-	}
 }

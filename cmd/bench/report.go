@@ -71,7 +71,11 @@ func (res *Results) writePlots(dir string) error {
 	if err := writeSVG(filepath.Join(dir, updatesPlot), ep, add); err != nil {
 		return err
 	}
-	conn := res.connectChart()
+	conn := res.chart("tcp connect + first byte, client to service", metricConnect, "p50 latency",
+		[]string{methodConnNftFirst, methodConnNftLast, methodConnLegacyFirst, methodConnLegacyLast})
+	for i := range conn.series {
+		conn.series[i].name += " p50"
+	}
 	if err := writeSVG(filepath.Join(dir, connectPlot), conn); err != nil {
 		return err
 	}
@@ -95,23 +99,6 @@ func (r *Results) chart(title, metric, yLabel string, methods []string, targets 
 	for _, t := range targets {
 		if slices.Contains(r.Sizes, int(t.x)) {
 			c.targets = append(c.targets, t)
-		}
-	}
-	return c
-}
-
-func (r *Results) connectChart() chart {
-	c := chart{title: "tcp connect + first byte, client to service", xLabel: "services (3 endpoints each)",
-		yLabel: "p50 latency", yFormat: msLabel}
-	for _, method := range []string{methodConnNftFirst, methodConnNftLast, methodConnLegacyFirst, methodConnLegacyLast} {
-		s := series{name: method + " p50", color: methodStyle[method].c, dashed: methodStyle[method].dashed}
-		for _, n := range r.Sizes {
-			if rec := r.find(n, metricConnect, method); rec != nil && len(rec.Values) > 0 {
-				s.xs, s.ys = append(s.xs, float64(n)), append(s.ys, quantile(rec.Values, 0.5))
-			}
-		}
-		if len(s.xs) > 0 {
-			c.series = append(c.series, s)
 		}
 	}
 	return c
@@ -156,9 +143,8 @@ func (r *Results) cell(n int, metric, method string, format func(float64) string
 // ratioCell is the median of one metric over the median of another, of one
 // method, as "1.46x"; "–" when either was not measured.
 func (r *Results) ratioCell(n int, over, under, method string) string {
-	a, okA := r.median(n, over, method)
-	b, okB := r.median(n, under, method)
-	if !okA || !okB || b == 0 {
+	a, b := r.value(n, over, method), r.value(n, under, method)
+	if math.IsNaN(a+b) || b == 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.2fx", a/b)
@@ -171,6 +157,14 @@ func (r *Results) median(n int, metric, method string) (float64, bool) {
 		return 0, false
 	}
 	return rec.Median(), true
+}
+
+// value is the median of a record, NaN when it was not measured.
+func (r *Results) value(n int, metric, method string) float64 {
+	if v, ok := r.median(n, metric, method); ok {
+		return v
+	}
+	return math.NaN()
 }
 
 type table struct {
@@ -310,9 +304,9 @@ func (r *Results) writeMachine(p func(string, ...any)) {
 func (r *Results) writeTargets(b *strings.Builder) {
 	fmt.Fprintf(b, "## Targets\n\n")
 	t := &table{head: []string{"target", "measured (median)", "result"}}
-	check := func(name string, v float64, ok bool, limit float64, format func(float64) string, why string) {
-		if !ok {
-			t.rows = append(t.rows, []string{name, "not measured", why})
+	check := func(name string, v, limit float64, format func(float64) string) {
+		if math.IsNaN(v) {
+			t.rows = append(t.rows, []string{name, "not measured", "size not in this run (a run without --quick has it)"})
 			return
 		}
 		verdict := "**met**"
@@ -321,23 +315,17 @@ func (r *Results) writeTargets(b *strings.Builder) {
 		}
 		t.rows = append(t.rows, []string{name, format(v), verdict})
 	}
-	notRun := "size not in this run (a run without --quick has it)"
-	v, ok := r.median(10000, metricFullSync, methodNftproxy)
-	check("full sync, 10,000 services ≤ 0.5 s", v, ok, targetFullSyncMS, fmtMS, notRun)
-	v, ok = r.median(10000, metricEndpointChange, methodNftproxy)
-	check("one endpoint changed, 10,000 services ≤ 5 ms end to end", v, ok, targetEndpointMS, fmtMS, notRun)
-	v, ok = r.median(10000, metricServiceAdded, methodNftproxy)
-	check("one service added, 10,000 services ≤ 20 ms", v, ok, targetServiceMS, fmtMS, notRun)
-	v, ok = r.median(50000, metricFullSync, methodNftproxy)
-	check("full sync, 50,000 services ≤ 3 s", v, ok, targetFullSync50MS, fmtMS, notRun)
-	v, ok = r.median(50000, metricFullSyncRSS, methodNftproxy)
-	check("… with peak RSS ≤ 150 MiB", v, ok, targetRSS50MiB, fmtMiB, notRun)
-	v, ok = r.median(50000, metricFullSyncRSS, methodMemLimit)
-	check("… with peak RSS ≤ 150 MiB, Go's soft memory limit at "+memLimit+" (time in the memory table)", v, ok, targetRSS50MiB, fmtMiB, notRun)
-	first, ok1 := r.median(30000, metricConnect, methodConnNftFirst)
-	last, ok2 := r.median(30000, metricConnect, methodConnNftLast)
+	check("full sync, 10,000 services ≤ 0.5 s", r.value(10000, metricFullSync, methodNftproxy), targetFullSyncMS, fmtMS)
+	check("one endpoint changed, 10,000 services ≤ 5 ms end to end",
+		r.value(10000, metricEndpointChange, methodNftproxy), targetEndpointMS, fmtMS)
+	check("one service added, 10,000 services ≤ 20 ms", r.value(10000, metricServiceAdded, methodNftproxy), targetServiceMS, fmtMS)
+	check("full sync, 50,000 services ≤ 3 s", r.value(50000, metricFullSync, methodNftproxy), targetFullSync50MS, fmtMS)
+	check("… with peak RSS ≤ 150 MiB", r.value(50000, metricFullSyncRSS, methodNftproxy), targetRSS50MiB, fmtMiB)
+	check("… with peak RSS ≤ 150 MiB, Go's soft memory limit at "+memLimit+" (time in the memory table)",
+		r.value(50000, metricFullSyncRSS, methodMemLimit), targetRSS50MiB, fmtMiB)
 	check("connect p50 to the last service within 10% of the first, 30,000 services",
-		last/first, ok1 && ok2, targetConnectRatio, func(v float64) string { return fmt.Sprintf("last/first = %.2f", v) }, notRun)
+		r.value(30000, metricConnect, methodConnNftLast)/r.value(30000, metricConnect, methodConnNftFirst),
+		targetConnectRatio, func(v float64) string { return fmt.Sprintf("last/first = %.2f", v) })
 	t.write(b)
 }
 
@@ -398,65 +386,58 @@ func (r *Results) writeSkipped(p func(string, ...any)) {
 // writeAnalysis explains the targets from the figures of this run.
 func (r *Results) writeAnalysis(p func(string, ...any)) {
 	p("## Why, and what would meet the missed targets\n\n")
-	get := func(n int, metric, method string) float64 {
-		v, ok := r.median(n, metric, method)
-		if !ok {
-			return math.NaN()
-		}
-		return v
-	}
 	n := 10000
 	if !slices.Contains(r.Sizes, n) {
 		n = r.largest(metricEndpointChange, methodNftproxy)
 	}
-	if math.IsNaN(get(n, metricEndpointChange, methodNftproxy)) {
-		r.writeFullSyncAnalysis(p, get)
+	if math.IsNaN(r.value(n, metricEndpointChange, methodNftproxy)) {
+		r.writeFullSyncAnalysis(p)
 		r.writeDataplaneAnalysis(p)
 		return
 	}
 	big := r.largest(metricEndpointChange, methodCompile)
 	p("**Updates.** At %d services one endpoint change costs %s end to end: %s in user space and %s in the kernel; the path it replaced (whole compile and diff) takes %s. ",
-		n, fmtMS(get(n, metricEndpointChange, methodNftproxy)), fmtMS(get(n, metricEndpointChange, methodCompile)),
-		fmtMS(get(n, metricEndpointChange, methodApply)), fmtMS(get(n, metricEndpointChange, methodFullDiff)))
+		n, fmtMS(r.value(n, metricEndpointChange, methodNftproxy)), fmtMS(r.value(n, metricEndpointChange, methodCompile)),
+		fmtMS(r.value(n, metricEndpointChange, methodApply)), fmtMS(r.value(n, metricEndpointChange, methodFullDiff)))
 	p("User space does no O(N) work for an O(1) change: the tracker hands over the service ports an event touched (`k8s.Changes`), and `proxier` compiles only those, old and new version (their elements of the shared maps and their own chains and sets), and builds `nftmodel.Changes` from the two; the chains and slot maps service ports share, and the `hairpin` and `cluster-ips` elements, are reference counted so they go only with their last user. Its share is %s at %d services and %s at %d. ",
-		fmtMS(get(n, metricEndpointChange, methodCompile)), n, fmtMS(get(big, metricEndpointChange, methodCompile)), big)
+		fmtMS(r.value(n, metricEndpointChange, methodCompile)), n, fmtMS(r.value(big, metricEndpointChange, methodCompile)), big)
 	p("The ruleset's shape does the rest: an endpoint change touches only data-map elements, so the kernel checks no jumps and its share stays at %s even at %d services. ",
-		fmtMS(get(big, metricEndpointChange, methodApply)), big)
+		fmtMS(r.value(big, metricEndpointChange, methodApply)), big)
 	p("Adding a service puts an element with a `goto` into `service-ips`, which makes the kernel validate the table's jump graph again: %s at %d services, %s at %d. ",
-		fmtMS(get(n, metricServiceAdded, methodApply)), n, fmtMS(get(big, metricServiceAdded, methodApply)), big)
+		fmtMS(r.value(n, metricServiceAdded, methodApply)), n, fmtMS(r.value(big, metricServiceAdded, methodApply)), big)
 	p("Full syncs (the first, after a failure, and the periodic drift repair) still compile everything; `go test -bench Sync ./proxier/` prints the user-space share of an update alone.\n\n")
 
 	n50 := 50000
 	if slices.Contains(r.Sizes, n50) {
 		p("**Memory at 50,000 services.** The sync's peak RSS is %s with Go's defaults, while its live heap after compiling is %s (the snapshot's %s included): GOGC=100 lets garbage grow to about the live heap between collections. With a soft memory limit of %s the same sync peaks at %s and takes %s instead of %s; collecting all the time (`GOMEMLIMIT=1MiB`) it peaks at %s. ",
-			fmtMiB(get(n50, metricFullSyncRSS, methodNftproxy)), fmtMiB(get(n50, metricLiveHeap, stageCompiled)), fmtMiB(get(n50, metricLiveHeap, stageSnapshot)),
-			memLimit, fmtMiB(get(n50, metricFullSyncRSS, methodMemLimit)), fmtMS(get(n50, metricFullSync, methodMemLimit)),
-			fmtMS(get(n50, metricFullSync, methodNftproxy)), fmtMiB(get(n50, metricFullSyncRSS, methodMemFloor)))
+			fmtMiB(r.value(n50, metricFullSyncRSS, methodNftproxy)), fmtMiB(r.value(n50, metricLiveHeap, stageCompiled)), fmtMiB(r.value(n50, metricLiveHeap, stageSnapshot)),
+			memLimit, fmtMiB(r.value(n50, metricFullSyncRSS, methodMemLimit)), fmtMS(r.value(n50, metricFullSync, methodMemLimit)),
+			fmtMS(r.value(n50, metricFullSync, methodNftproxy)), fmtMiB(r.value(n50, metricFullSyncRSS, methodMemFloor)))
 		p("Three changes brought the live peak down to what the sync must hold (the snapshot, the model and one copy of the batch; the floor was 241 MiB before them): compile sorts no set (it sorted copies with a key slice per element, which made its peak; `Render` now sorts only what it prints); set elements are no longer converted to google/nftables values for the whole batch up front; and the batch is written into one buffer sized for it, set elements encoded straight into it and only the few dozen table, chain, rule and set messages encoded by google/nftables and copied in, then sent on a socket of our own, where google/nftables kept every encoded message and mdlayher/netlink copied them into a growing buffer (`nftmodel/nftnl/wire.go`; `TestWireElementsMatchLibrary` checks the bytes against the library's). ")
 		p("The daemon sets Go's soft memory limit to 90%% of its container's cgroup limit; what a container needs is set by the daemon as a whole (below), not by the sync alone.\n\n")
 	}
 	if nd := r.largest(metricDaemonRSS, methodDaemon); r.find(nd, metricDaemonRSS, methodDaemon) != nil {
 		p("**The daemon** keeps, between syncs, the tracker's entries (what it derived from each Service and EndpointSlice, not the objects; a port's endpoints share its slice's list when it has one slice, and the ports of the last snapshot serve as the merged state), the snapshot and the incremental compiler's state (reference counts, slot orders, the pieces of service ports with many endpoints); with `--manifests`, only the keys of what each file yielded (a broken file's last good objects stay in the tracker; a file that defines again an object of an earlier file keeps its last good content while it does, for when the earlier one drops it). At %d services: %s resident at steady state, its Go heap %s. Start-up decodes with the collector at 25%% (`GOGC` overrides it) and hands the objects over as they decode, then gives the garbage back before the first sync; after a full sync it gives the sync's back too (`debug.FreeOSMemory`, %s at this size). The peak, %s (%s the steady RSS), is the first full sync's: it holds its snapshot, the ruleset it assembles and the batch beside everything the daemon keeps. It assembles the ruleset one service port at a time, keeping of each piece only what the ruleset is made of, and a full sync runs under a soft memory limit of 1.4 times the memory the runtime holds as it starts (`GOGC` overrides it): at Go's default the heap grew to twice the state before the sync's first collection. The endpoint maps', hairpin and cluster-IP sets' elements are made while the batch is encoded, never held as a model (`nftmodel.Set.Source`; `go test -run - -bench FirstSyncMemory ./proxier/` prints the model's share); `go run ./cmd/bench --phases daemon --daemon-profiles DIR` saves the daemon's heap profile at steady state.\n\n",
-			nd, fmtMiB(get(nd, metricDaemonRSS, methodDaemon)), fmtMiB(get(nd, metricDaemonHeap, methodDaemon)),
-			fmtMS(get(nd, metricDaemonRelease, methodDaemon)), fmtMiB(get(nd, metricDaemonPeak, methodDaemon)),
+			nd, fmtMiB(r.value(nd, metricDaemonRSS, methodDaemon)), fmtMiB(r.value(nd, metricDaemonHeap, methodDaemon)),
+			fmtMS(r.value(nd, metricDaemonRelease, methodDaemon)), fmtMiB(r.value(nd, metricDaemonPeak, methodDaemon)),
 			r.ratioCell(nd, metricDaemonPeak, metricDaemonRSS, methodDaemon))
 	}
-	r.writeFullSyncAnalysis(p, get)
+	r.writeFullSyncAnalysis(p)
 	r.writeDataplaneAnalysis(p)
 
 }
 
-func (r *Results) writeFullSyncAnalysis(p func(string, ...any), get func(int, string, string) float64) {
+func (r *Results) writeFullSyncAnalysis(p func(string, ...any)) {
 	big := r.largest(metricFullSync, methodNftproxy)
-	nft, legacyMS, iptNftMS := get(big, metricFullSync, methodNftText), get(big, metricFullSync, methodLegacy), get(big, metricFullSync, methodIptNft)
-	own := get(big, metricFullSync, methodNftproxy)
+	nft, legacyMS, iptNftMS := r.value(big, metricFullSync, methodNftText), r.value(big, metricFullSync, methodLegacy), r.value(big, metricFullSync, methodIptNft)
+	own := r.value(big, metricFullSync, methodNftproxy)
 	p("**Full syncs.** At %d services nftproxy loads everything in %s (compile %s, netlink %s); the same ruleset through `nft -f` takes %s, kube-proxy's iptables ruleset %s with iptables-legacy-restore",
-		big, fmtMS(own), fmtMS(get(big, metricFullSync, methodCompile)), fmtMS(get(big, metricFullSync, methodApply)), fmtMS(nft), fmtMS(legacyMS))
+		big, fmtMS(own), fmtMS(r.value(big, metricFullSync, methodCompile)), fmtMS(r.value(big, metricFullSync, methodApply)), fmtMS(nft), fmtMS(legacyMS))
 	if !math.IsNaN(iptNftMS) {
 		p(" and %s with iptables-nft-restore", fmtMS(iptNftMS))
 	}
 	p(". The shared dispatch maps and per-slot data maps make nftproxy's table %.0f set elements and a few dozen rules, where kube-proxy's has %d rules per service in %d chains per service (one per endpoint and one for the service), so the kernel has far less to build and check. `nft -f` sends an equivalent batch but parses and evaluates the text first.\n\n",
-		get(big, metricLiveHeap, "elements"), 2+3*endpointsPerService, 1+endpointsPerService)
+		r.value(big, metricLiveHeap, "elements"), 2+3*endpointsPerService, 1+endpointsPerService)
 }
 
 func (r *Results) writeDataplaneAnalysis(p func(string, ...any)) {
@@ -464,11 +445,9 @@ func (r *Results) writeDataplaneAnalysis(p func(string, ...any)) {
 	if !slices.Contains(r.Sizes, n) {
 		n = r.largest(metricConnect, methodConnNftFirst)
 	}
-	nf, ok1 := r.median(n, metricConnect, methodConnNftFirst)
-	nl, ok2 := r.median(n, metricConnect, methodConnNftLast)
-	lf, ok3 := r.median(n, metricConnect, methodConnLegacyFirst)
-	ll, ok4 := r.median(n, metricConnect, methodConnLegacyLast)
-	if !ok1 || !ok2 || !ok3 || !ok4 {
+	nf, nl := r.value(n, metricConnect, methodConnNftFirst), r.value(n, metricConnect, methodConnNftLast)
+	lf, ll := r.value(n, metricConnect, methodConnLegacyFirst), r.value(n, metricConnect, methodConnLegacyLast)
+	if math.IsNaN(nf + nl + lf + ll) {
 		return
 	}
 	p("**Dataplane.** At %d services the median connect takes %s to the first service and %s to the last with nftproxy (%+.0f%%): a packet costs a few hash lookups whatever N is. With kube-proxy's iptables ruleset it is %s and %s (%+.0f%%): the first packet of each connection walks `KUBE-SERVICES` rule by rule, so the last service pays for all N rules before it.\n",
