@@ -40,25 +40,17 @@ func daemonPhase(res *Results, o *options) error {
 		}
 		return nil
 	}
-	type shape struct{ n, eps int }
-	var shapes []shape
 	for _, n := range o.sizes {
 		if skipAbove(res, n, o.daemonMax, "daemon-max", []string{metricDaemonRSS}, methodDaemon) {
 			continue
 		}
-		shapes = append(shapes, shape{n, endpointsPerService})
+		if err := runDaemon(res, o, n, endpointsPerService); err != nil {
+			return err
+		}
 	}
 	for _, n := range o.daemonOne {
-		shapes = append(shapes, shape{n, 1})
-	}
-	for _, s := range shapes {
-		logf("daemon, %d services x %d endpoints", s.n, s.eps)
-		figures, err := runDaemon(o.nftproxy, s.n, s.eps, o.daemonProfiles)
-		if err != nil {
-			return fmt.Errorf("%d services: %w", s.n, err)
-		}
-		for _, f := range figures {
-			res.add(s.n, f.Metric, daemonMethod(f.Method, s.eps), f.Values...)
+		if err := runDaemon(res, o, n, 1); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -97,26 +89,28 @@ func writeDaemonManifests(dir string, n, eps int) (daemonManifests, error) {
 	return m, writeManifests(m.stepFile, m.versions[0])
 }
 
-// runDaemon runs the daemon once on n services of eps endpoints and returns
-// its figures, each a record of one value and no size. With profiles set it
-// also saves the daemon's heap profile at steady state there, as
-// daemon-heap-N.pb.gz (`go tool pprof` reads it).
-func runDaemon(binary string, n, eps int, profiles string) ([]Record, error) {
+// runDaemon runs the daemon once on n services of eps endpoints and records
+// its figures. With --daemon-profiles it also saves the daemon's heap
+// profile at steady state there, as daemon-heap-N.pb.gz (`go tool pprof`
+// reads it).
+func runDaemon(res *Results, o *options, n, eps int) error {
+	logf("daemon, %d services x %d endpoints", n, eps)
 	dir, err := os.MkdirTemp("", "nftproxy-bench-manifests-")
 	if err != nil {
-		return nil, fmt.Errorf("make manifest directory: %w", err)
+		return fmt.Errorf("make manifest directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	m, err := writeDaemonManifests(dir, n, eps)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	d := &daemonRun{}
+	d := &daemonRun{res: res, n: n, eps: eps}
 	err = freshNS(func(ns *netns.NS) error {
 		start := time.Now()
-		p, err := startProxy("nftproxy", ns, nil, binary, "run", "--manifests", dir,
+		p, err := startProxy("nftproxy", ns, nil, o.nftproxy, "run", "--manifests", dir,
 			"--hostname-override", "node-1", "--node-ip", netns.NodeAddr.String(), "--cluster-cidr", clusterCIDR.String(),
-			"--sync-period", daemonSyncPeriod.String(), "--metrics-bind-address", metricsAddr, "-v", "2", "--profiling="+strconv.FormatBool(profiles != ""))
+			"--sync-period", daemonSyncPeriod.String(), "--metrics-bind-address", metricsAddr, "-v", "2",
+			"--profiling="+strconv.FormatBool(o.daemonProfiles != ""))
 		if err != nil {
 			return err
 		}
@@ -132,29 +126,36 @@ func runDaemon(binary string, n, eps int, profiles string) ([]Record, error) {
 			return err
 		}
 		heap, err := p.gauge("go_memstats_heap_alloc_bytes")
-		d.add(metricDaemonHeap, methodDaemon, heap/(1<<20))
-		if err != nil || profiles == "" {
+		if err != nil {
 			return err
 		}
-		_, err = p.liveHeap(ctx, filepath.Join(profiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
+		d.add(metricDaemonHeap, methodDaemon, heap/(1<<20))
+		if o.daemonProfiles == "" {
+			return nil
+		}
+		_, err = p.liveHeap(ctx, filepath.Join(o.daemonProfiles, fmt.Sprintf("daemon-heap-%d.pb.gz", n)))
 		return err
 	})
-	return d.figures, err
+	if err != nil {
+		return fmt.Errorf("%d services: %w", n, err)
+	}
+	return nil
 }
 
 // daemonRun is one run of the daemon phase's nftproxy.
 type daemonRun struct {
-	p       *proxy
-	ctx     context.Context
-	figures []Record
+	res    *Results
+	n, eps int
+	p      *proxy
+	ctx    context.Context
 	// MiB: the highest VmHWM read, and VmHWM when the manifests were
 	// loaded, before the first sync.
 	peakMiB, loadPeakMiB float64
 }
 
-// add keeps one figure of the run.
+// add records one figure of the run.
 func (d *daemonRun) add(metric, method string, v float64) {
-	d.figures = append(d.figures, Record{Metric: metric, Method: method, Values: []float64{v}})
+	d.res.add(d.n, metric, daemonMethod(method, d.eps), v)
 }
 
 // measure waits for the first sync and the resyncs, reading the memory on
@@ -237,8 +238,7 @@ func (d *daemonRun) endpointSteps(m daemonManifests, synced int) error {
 		}
 		took = append(took, syncs[synced+i].tookMS)
 	}
-	slices.Sort(took)
-	d.add(metricDaemonEndpoint, methodDaemon, took[len(took)/2])
+	d.add(metricDaemonEndpoint, methodDaemon, quantile(took, 0.5))
 	return nil
 }
 

@@ -123,7 +123,7 @@ func parseOptions(args []string) (*options, error) {
 		return nil, err
 	}
 	o.proxiesGiven = *r.proxies != ""
-	if o.phases, err = knownList("phase", *r.phases, append(slices.Clip(allPhases), soakPhaseName)); err != nil {
+	if o.phases, err = knownList("phase", *r.phases, append(slices.Clip(allPhases), soakPhaseName), allPhases); err != nil {
 		return nil, err
 	}
 	if *r.soakSource != "api" && *r.soakSource != "manifests" {
@@ -202,23 +202,19 @@ func parseSizes(s string, quick bool) ([]int, error) {
 
 // parsePeers checks --workloads and --proxies.
 func parsePeers(workloads, proxies string, quick bool) (ws, ps []string, err error) {
-	ws, ps = defaultWorkloads(quick), allProxies
-	if workloads != "" {
-		if ws, err = knownList("workload", workloads, strings.Split(workloadNames(), ",")); err != nil {
-			return nil, nil, err
-		}
+	if ws, err = knownList("workload", workloads, strings.Split(workloadNames(), ","), defaultWorkloads(quick)); err != nil {
+		return nil, nil, err
 	}
-	if proxies != "" {
-		if ps, err = knownList("proxy", proxies, allProxies); err != nil {
-			return nil, nil, err
-		}
-	}
-	return ws, ps, nil
+	ps, err = knownList("proxy", proxies, allProxies, allProxies)
+	return ws, ps, err
 }
 
 // knownList splits a comma-separated list and checks that each item is one
-// of known.
-func knownList(what, list string, known []string) ([]string, error) {
+// of known; an empty list is def.
+func knownList(what, list string, known, def []string) ([]string, error) {
+	if list == "" {
+		return def, nil
+	}
 	items := strings.Split(list, ",")
 	for _, it := range items {
 		if !slices.Contains(known, it) {
