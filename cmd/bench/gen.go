@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
@@ -89,8 +90,8 @@ func snapshot(n int, real map[int][]netip.Addr) *k8s.Snapshot {
 // the address to (the endpoint count stays the same). Only the changed
 // service's endpoint list is copied, as the tracker does.
 func withEndpointChanged(snap *k8s.Snapshot, i int, to netip.Addr) *k8s.Snapshot {
-	next := &k8s.Snapshot{Services: append([]k8s.ServicePort(nil), snap.Services...), Node: snap.Node}
-	eps := append([]k8s.Endpoint(nil), next.Services[i].Endpoints...)
+	next := &k8s.Snapshot{Services: slices.Clone(snap.Services), Node: snap.Node}
+	eps := slices.Clone(next.Services[i].Endpoints)
 	eps[len(eps)-1] = endpoint(to)
 	next.Services[i].Endpoints = eps
 	return next
@@ -99,9 +100,7 @@ func withEndpointChanged(snap *k8s.Snapshot, i int, to netip.Addr) *k8s.Snapshot
 // withServiceAdded returns snap with service i added. Its name sorts last
 // when i is beyond the services snap holds.
 func withServiceAdded(snap *k8s.Snapshot, i int) *k8s.Snapshot {
-	next := &k8s.Snapshot{Services: make([]k8s.ServicePort, 0, len(snap.Services)+1), Node: snap.Node}
-	next.Services = append(append(next.Services, snap.Services...), service(i))
-	return next
+	return &k8s.Snapshot{Services: append(slices.Clip(snap.Services), service(i)), Node: snap.Node}
 }
 
 // change is one update: the snapshot after it, the service it touched and

@@ -79,12 +79,8 @@ func procField(path, key string) string {
 // the machine shows in the timings.
 func loadAverage() string {
 	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
+	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
 	}
-	f := strings.Fields(string(data))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
+	return "unknown"
 }

@@ -89,7 +89,7 @@ func (r *Results) chart(title, metric, yLabel string, methods []string, targets 
 		s := series{name: method, color: methodStyle[method].c, dashed: methodStyle[method].dashed}
 		for _, n := range r.Sizes {
 			if rec := r.find(n, metric, method); rec != nil && len(rec.Values) > 0 {
-				s.xs, s.ys = append(s.xs, float64(n)), append(s.ys, rec.Median())
+				s.xs, s.ys = append(s.xs, float64(n)), append(s.ys, quantile(rec.Values, 0.5))
 			}
 		}
 		if len(s.xs) > 0 {
@@ -136,7 +136,7 @@ func (r *Results) cell(n int, metric, method string, format func(float64) string
 	case len(rec.Values) == 1:
 		return format(rec.Values[0])
 	default:
-		return format(rec.Min()) + " / " + format(rec.Median())
+		return format(slices.Min(rec.Values)) + " / " + format(quantile(rec.Values, 0.5))
 	}
 }
 
@@ -156,7 +156,7 @@ func (r *Results) median(n int, metric, method string) (float64, bool) {
 	if rec == nil || len(rec.Values) == 0 {
 		return 0, false
 	}
-	return rec.Median(), true
+	return quantile(rec.Values, 0.5), true
 }
 
 // value is the median of a record, NaN when it was not measured.

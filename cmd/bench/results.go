@@ -164,13 +164,6 @@ func loadResults(path string) (*Results, error) {
 	return &r, nil
 }
 
-// Min returns the smallest value.
-func (rec *Record) Min() float64 { return slices.Min(rec.Values) }
-
-// Median returns the median value (the mean of the middle two for an even
-// count).
-func (rec *Record) Median() float64 { return quantile(rec.Values, 0.5) }
-
 // quantile returns the q-quantile of values by linear interpolation between
 // the closest ranks.
 func quantile(values []float64, q float64) float64 {
