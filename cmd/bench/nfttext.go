@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -14,15 +15,12 @@ import (
 // model renders them only inside whole sets.
 func changesScript(f m.Family, table string, c *m.Changes) string {
 	var b strings.Builder
-	exists := map[string]bool{}
-	for _, ch := range c.AddChains {
-		exists[ch.Name] = true
-	}
 	for _, se := range c.DelElements {
 		writeElements(&b, "delete", f, table, se, false)
 	}
 	for _, ch := range c.RewriteChains {
-		if !exists[ch.Name] {
+		// A new chain has no rules to flush.
+		if !slices.ContainsFunc(c.AddChains, func(a *m.Chain) bool { return a.Name == ch.Name }) {
 			fmt.Fprintf(&b, "flush chain %s %s %s\n", f, table, ch.Name)
 		}
 	}
