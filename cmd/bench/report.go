@@ -424,7 +424,6 @@ func (r *Results) writeAnalysis(p func(string, ...any)) {
 	}
 	r.writeFullSyncAnalysis(p)
 	r.writeDataplaneAnalysis(p)
-
 }
 
 func (r *Results) writeFullSyncAnalysis(p func(string, ...any)) {
