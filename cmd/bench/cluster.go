@@ -190,19 +190,22 @@ func (c *cluster) load(ctx context.Context, w *workload) error {
 }
 
 // replaceEndpoint puts addr in place of the last endpoint of service i's
-// last slice, calling prepared just before the write.
+// last slice (on the node of the one it replaces), calling prepared just
+// before the write.
 func (c *cluster) replaceEndpoint(ctx context.Context, w *workload, i int, addr netip.Addr, prepared func()) error {
 	s := &w.services[i]
-	name := sliceName(s.name, len(s.slices())-1)
-	api := c.client.DiscoveryV1().EndpointSlices(benchNamespace)
-	es, err := api.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("get endpoint slice %s: %w", name, err)
-	}
+	all := s.slices()
+	es := sliceObject(s.name, len(all)-1, all[len(all)-1], w.spec.nodeOf)
 	es.Endpoints[len(es.Endpoints)-1].Addresses = []string{addr.String()}
 	prepared()
-	if _, err := api.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update endpoint slice %s: %w", name, err)
+	return updateSlice(ctx, c.client, es)
+}
+
+// updateSlice writes es whole. No resourceVersion: the bench is the slices'
+// only writer, and an unconditional update saves reading each slice first.
+func updateSlice(ctx context.Context, client kubernetes.Interface, es *discoveryv1.EndpointSlice) error {
+	if _, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update endpoint slice %s: %w", es.Name, err)
 	}
 	return nil
 }

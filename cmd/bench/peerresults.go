@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"image/color"
 	"math"
 	"slices"
 	"time"
@@ -29,11 +30,12 @@ var proxyTitle = map[string]string{
 	proxyAPIWatch:   "API server to a bare watch (no proxy)",
 }
 
-var proxyColor = map[string]struct{ R, G, B uint8 }{
-	proxyNftproxy:   {20, 80, 200},
-	proxyKubeNft:    {240, 140, 0},
-	proxyKubeIptNft: {130, 50, 170},
-	proxyKubeLegacy: {200, 30, 40},
+// proxyColor draws each proxy in the color of its tool in the other plots.
+var proxyColor = map[string]color.RGBA{
+	proxyNftproxy:   methodStyle[methodNftproxy].c,
+	proxyKubeNft:    methodStyle[methodNftText].c,
+	proxyKubeIptNft: methodStyle[methodIptNft].c,
+	proxyKubeLegacy: methodStyle[methodLegacy].c,
 }
 
 // Figures of one proxy on one workload.
@@ -205,11 +207,8 @@ func (p *PeerRun) setWorkload(w PeerWorkload) {
 // mergePeers returns the new run's figures over the old ones: a (workload,
 // proxy) pair measured now replaces its old figures; the rest stay.
 func mergePeers(old, cur *PeerRun) *PeerRun {
-	if old == nil {
-		return cur
-	}
-	if cur == nil {
-		return old
+	if old == nil || cur == nil {
+		return cmp.Or(cur, old)
 	}
 	out := *cur
 	measured := map[[2]string]bool{}
@@ -251,7 +250,7 @@ func mergeResults(old, cur *Results) *Results {
 		out.GoBench = old.GoBench
 	}
 	out.Peers = mergePeers(old.Peers, cur.Peers)
-	out.Soak = mergeSoak(old.Soak, cur.Soak)
+	out.Soak = cmp.Or(cur.Soak, old.Soak) // the saved soak when this run made none
 	return &out
 }
 

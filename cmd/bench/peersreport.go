@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"image/color"
 	"maps"
 	"math"
 	"path/filepath"
@@ -395,24 +394,19 @@ func (r *Results) writePeerPlots(dir string) error {
 			c.groups = append(c.groups, g.label)
 		}
 		for _, proxy := range allProxies {
-			s := barSeries{name: proxyTitle[proxy]}
-			rgb := proxyColor[proxy]
-			s.color = color.RGBA{rgb.R, rgb.G, rgb.B, 255}
-			measured := false
+			s := barSeries{name: proxyTitle[proxy], color: proxyColor[proxy]}
 			for _, g := range peerPlotGroups {
-				rec := p.find(wl.Name, proxy, g.metric)
-				switch {
-				case rec != nil && rec.Skip == overLimit:
-					s.ys, s.open = append(s.ys, p.LimitMS), append(s.open, true)
-					measured = true
-				case rec != nil && rec.Skip == "":
-					s.ys, s.open = append(s.ys, rec.Value), append(s.open, false)
-					measured = true
-				default:
-					s.ys, s.open = append(s.ys, math.NaN()), append(s.open, false)
+				// A step stopped at the limit is an open bar at the limit.
+				rec, y := p.find(wl.Name, proxy, g.metric), math.NaN()
+				open := rec != nil && rec.Skip == overLimit
+				if open {
+					y = p.LimitMS
+				} else if rec != nil && rec.Skip == "" {
+					y = rec.Value
 				}
+				s.ys, s.open = append(s.ys, y), append(s.open, open)
 			}
-			if measured {
+			if slices.ContainsFunc(s.ys, func(y float64) bool { return !math.IsNaN(y) }) {
 				c.bars = append(c.bars, s)
 			}
 		}

@@ -42,7 +42,7 @@ type soakEndpoint struct {
 // newSoakModel starts from the workload's services, every endpoint ready;
 // the pool is every address of pool the workload does not use.
 func newSoakModel(w *workload, pool netip.Prefix, seed uint64) *soakModel {
-	m := &soakModel{owners: newAddrOwners(pool), rng: rand.New(rand.NewPCG(seed, seed))}
+	m := &soakModel{owners: &addrOwners{}, rng: rand.New(rand.NewPCG(seed, seed))}
 	for i, s := range w.services {
 		var eps []soakEndpoint
 		for _, a := range s.endpoints {
@@ -114,40 +114,25 @@ func (m *soakModel) endpoints(svc int) []soakEndpoint {
 	return slices.Clone(m.endpointsOf[svc])
 }
 
-// addrOwners says which service each address of the pool belongs to, while
-// its pod runs: what the pods' servers answer and what clients check. Safe
-// for concurrent use.
-type addrOwners struct {
-	pool  netip.Prefix
-	owner []atomic.Int32 // service index + 1; 0: no pod has the address
-}
-
-func newAddrOwners(pool netip.Prefix) *addrOwners {
-	return &addrOwners{pool: pool, owner: make([]atomic.Int32, 1<<(32-pool.Bits()))}
-}
-
-func (o *addrOwners) index(a netip.Addr) (int, bool) {
-	if !o.pool.Contains(a) {
-		return 0, false
-	}
-	return int(addrValue(a) - addrValue(o.pool.Addr())), true
-}
+// addrOwners says which service each address belongs to while its pod
+// runs: what the pods' servers answer and what clients check. Safe for
+// concurrent use.
+type addrOwners struct{ m sync.Map } // netip.Addr to service index
 
 // set starts the pod at a for service svc, or stops it for svc -1.
 func (o *addrOwners) set(a netip.Addr, svc int) {
-	if i, ok := o.index(a); ok {
-		o.owner[i].Store(int32(svc + 1))
+	if svc < 0 {
+		o.m.Delete(a)
+	} else {
+		o.m.Store(a, svc)
 	}
 }
 
 // get returns the service of the pod at a; ok is false when none runs there.
 func (o *addrOwners) get(a netip.Addr) (svc int, ok bool) {
-	i, in := o.index(a)
-	if !in {
-		return 0, false
-	}
-	v := o.owner[i].Load()
-	return int(v) - 1, v != 0
+	v, ok := o.m.Load(a)
+	svc, _ = v.(int)
+	return svc, ok
 }
 
 // recentRing remembers the services changed last, for clients that aim at

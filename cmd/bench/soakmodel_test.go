@@ -80,7 +80,7 @@ func TestSoakModelEndpointsIsACopy(t *testing.T) {
 }
 
 func TestAddrOwners(t *testing.T) {
-	o := newAddrOwners(netip.MustParsePrefix("10.128.0.0/16"))
+	o := &addrOwners{}
 	a := netip.MustParseAddr("10.128.3.4")
 	if _, ok := o.get(a); ok {
 		t.Fatal("owner before set")
@@ -92,12 +92,6 @@ func TestAddrOwners(t *testing.T) {
 	o.set(a, -1)
 	if _, ok := o.get(a); ok {
 		t.Fatal("owner after clear")
-	}
-	for _, out := range []string{"10.129.0.1", "192.168.0.1", "fd00::1"} {
-		o.set(netip.MustParseAddr(out), 5) // ignored
-		if _, ok := o.get(netip.MustParseAddr(out)); ok {
-			t.Fatalf("%s: owner outside the pool", out)
-		}
 	}
 }
 

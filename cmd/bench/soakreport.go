@@ -188,11 +188,3 @@ func (s *SoakRun) writeSoak(b *strings.Builder) {
 		p("```\n\n")
 	}
 }
-
-// mergeSoak keeps the saved soak when this run made none.
-func mergeSoak(old, cur *SoakRun) *SoakRun {
-	if cur != nil {
-		return cur
-	}
-	return old
-}

@@ -42,13 +42,7 @@ func soakSlice(s *wlService, eps []soakEndpoint) *discoveryv1.EndpointSlice {
 // apiSink writes slices through the API server.
 func apiSink(client kubernetes.Interface) soakSink {
 	return func(ctx context.Context, s *wlService, eps []soakEndpoint) error {
-		es := soakSlice(s, eps)
-		// No resourceVersion: the soak is the slices' only writer, and an
-		// unconditional update saves reading each slice first.
-		if _, err := client.DiscoveryV1().EndpointSlices(benchNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("update endpoint slice %s: %w", es.Name, err)
-		}
-		return nil
+		return updateSlice(ctx, client, soakSlice(s, eps))
 	}
 }
 
