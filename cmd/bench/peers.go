@@ -239,7 +239,7 @@ func (s *stepper) steps(ctx context.Context) error {
 	began := time.Now()
 	// Full sync: the first sample of the histogram, with any that ended in
 	// the same scrape interval.
-	first, at, base, err := s.await(ctx, prom.Histogram{}, peerFullSync)
+	first, at, base, err := s.p.await(ctx, prom.Histogram{}, peerFullSync, s.o.stepLimit)
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (s *stepper) change(ctx context.Context, c peerChange, base prom.Histogram)
 	s.record(s.name, c.wall, ms(at.Sub(t0)), 0)
 	s.record(s.name, c.own, ms(at.Sub(watched)), 0)
 	s.record(proxyAPIWatch, c.wall, ms(watched.Sub(t0)), 0)
-	_, _, after, err := s.await(ctx, base, c.sync)
+	_, _, after, err := s.p.await(ctx, base, c.sync, s.o.stepLimit)
 	if err != nil {
 		return base, err
 	}
@@ -321,18 +321,19 @@ func (s *stepper) change(ctx context.Context, c peerChange, base prom.Histogram)
 // await scrapes until the histogram counts more than base, then until it
 // has not changed for the settle time. It returns the first page that
 // counted more, when it was read, and the settled histogram. Each of the
-// two waits may take the time limit; metric names the step in an errStep.
-func (s *stepper) await(ctx context.Context, base prom.Histogram, metric string) (prom.Families, time.Time, prom.Histogram, error) {
+// two waits may take limit; metric names the step in an errStep.
+func (p *proxy) await(ctx context.Context, base prom.Histogram, metric string,
+	limit time.Duration) (prom.Families, time.Time, prom.Histogram, error) {
 	var first prom.Families
 	var at, since time.Time
 	began, last := time.Now(), base
 	for {
-		if s.p.Exited() {
-			return nil, at, base, &errStep{metric: metric, reason: "the proxy exited: " + firstLines(s.p.LogTail(5), 5)}
+		if p.Exited() {
+			return nil, at, base, &errStep{metric: metric, reason: "the proxy exited: " + firstLines(p.LogTail(5), 5)}
 		}
 		// A failed scrape is a proxy that has not opened its port yet, or
 		// one too busy to answer in time.
-		fams, err := s.p.scrape(ctx)
+		fams, err := p.scrape(ctx)
 		now := time.Now()
 		if h := fams.Histogram(syncMetric); err == nil && h.Count != last.Count {
 			if first == nil {
@@ -343,7 +344,7 @@ func (s *stepper) await(ctx context.Context, base prom.Histogram, metric string)
 		if first != nil && now.Sub(since) >= settle {
 			return first, at, last, nil
 		}
-		if now.Sub(began) > s.o.stepLimit {
+		if now.Sub(began) > limit {
 			return nil, at, base, &errStep{metric: metric, reason: overLimit}
 		}
 		select {

@@ -108,9 +108,7 @@ func (s *soak) setUp(context.Context) error {
 	s.closers = append(s.closers, func() { _ = s.topo.Close() })
 	s.clients = &soakClients{ns: s.topo.Client, services: s.w.services, recent: newRecentRing(soakRecentChanges),
 		rate: s.so.connRate}
-	s.servers, err = startSoakPods(s.topo, s.model.owners)
-	s.closers = append(s.closers, s.servers.close)
-	if err != nil {
+	if s.servers, err = startSoakPods(s.topo, s.model.owners); err != nil {
 		return err
 	}
 	if s.tmp, err = os.MkdirTemp("", "nftproxy-soak-"); err != nil {
@@ -318,23 +316,20 @@ func (s *soak) replaceAtRate(ctx context.Context) error {
 // waitReady waits for nftproxy's first sync and for connections to the
 // first, the middle and the last service to go through.
 func (s *soak) waitReady(ctx context.Context) error {
+	if _, _, _, err := s.p.await(ctx, prom.Histogram{}, "first sync", soakReadyTimeout); err != nil {
+		return fmt.Errorf("wait for nftproxy: %w", err)
+	}
 	began, n := time.Now(), len(s.w.services)
-	for {
-		if s.p.Exited() {
-			return fmt.Errorf("nftproxy exited: %s", s.p.LogTail(5))
-		}
+	for slices.ContainsFunc([]int{0, n / 2, n - 1}, func(svc int) bool {
+		kind, _ := s.clients.ask(svc, time.Second)
+		return kind != ""
+	}) {
 		if time.Since(began) > soakReadyTimeout {
 			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, s.p.LogTail(5))
 		}
-		h, err := s.p.histogram(ctx, syncMetric)
-		if err == nil && h.Count > 0 && !slices.ContainsFunc([]int{0, n / 2, n - 1}, func(svc int) bool {
-			kind, _ := s.clients.ask(svc, time.Second)
-			return kind != ""
-		}) {
-			return nil
-		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	return nil
 }
 
 // sample reads the daemon's RSS, goroutines and syncs, and the churn's

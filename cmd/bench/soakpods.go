@@ -34,11 +34,9 @@ func soakPodRange(k int) netip.Prefix {
 	return netip.PrefixFrom(addrPlus(soakPool.Addr(), uint32(k)<<(32-bits)), bits)
 }
 
-// soakServers is the pods' servers.
+// soakServers is what the pods' servers share; Topology.Close stops them.
 type soakServers struct {
 	owners *addrOwners
-	ls     []net.Listener
-	wg     sync.WaitGroup
 	dead   eventLog[deadHit] // connections that reached an address with no pod
 }
 
@@ -54,53 +52,32 @@ func startSoakPods(topo *netns.Topology, owners *addrOwners) (*soakServers, erro
 	for k, p := range topo.Pods {
 		r := soakPodRange(k)
 		if err := p.NS.IPBatch(fmt.Sprintf("route add local %s dev lo", r)); err != nil {
-			return s, err
+			return nil, err
 		}
 		if err := topo.Node.IPBatch(fmt.Sprintf("route add %s via %s dev %s", r, p.Addr, netns.BridgeName)); err != nil {
-			return s, err
+			return nil, err
 		}
-		l, err := p.NS.Listen("tcp", "0.0.0.0:"+strconv.Itoa(endpointPort))
-		if err != nil {
-			return s, err
+		if err := p.ServeTCP(endpointPort, s.answer); err != nil {
+			return nil, err
 		}
-		s.ls = append(s.ls, l)
-		s.wg.Go(func() { s.serve(l) })
 	}
 	return s, nil
-}
-
-func (s *soakServers) serve(l net.Listener) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go s.answer(c)
-	}
 }
 
 // answer writes "ADDRESS SERVICE" when a pod runs at the address the
 // connection reached, and resets the connection when none does.
 func (s *soakServers) answer(c net.Conn) {
-	defer c.Close()
-	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
-	svc, ok := s.owners.get(local.Addr())
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap() // the server listens on both families
+	svc, ok := s.owners.get(local)
 	if !ok {
-		s.dead.add(deadHit{time.Now(), local.Addr()})
+		s.dead.add(deadHit{time.Now(), local})
 		if tc, isTCP := c.(*net.TCPConn); isTCP {
 			_ = tc.SetLinger(0)
 		}
 		return
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, _ = fmt.Fprintf(c, "%s %d\n", local.Addr(), svc)
-}
-
-func (s *soakServers) close() {
-	for _, l := range s.ls {
-		l.Close()
-	}
-	s.wg.Wait()
+	_, _ = fmt.Fprintf(c, "%s %d\n", local, svc)
 }
 
 // Failed connections, by what went wrong.

@@ -64,7 +64,40 @@ func (n *NS) ServeName(name, proto string, port int) (stop func(), err error) {
 	}
 }
 
+// ServeTCP runs handle on every TCP connection to port in the pod, each on
+// a goroutine of its own that closes the connection when handle returns,
+// until Topology.Close: a server that answers in its own way.
+func (p *Pod) ServeTCP(port int, handle func(net.Conn)) error {
+	l, err := p.NS.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		return err
+	}
+	p.servers.add(serveConns(l, handle))
+	return nil
+}
+
 func serveTCP(l net.Listener, name string) func() {
+	return serveConns(l, func(c net.Conn) {
+		if _, err := fmt.Fprintf(c, "%s\n", name); err != nil {
+			return
+		}
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			line := sc.Text()
+			if line == PeerQuery {
+				line = c.RemoteAddr().String()
+			}
+			if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// serveConns runs handle on every connection l accepts. The stop it returns
+// closes l and every open connection and waits for the goroutines; calling
+// it twice is safe.
+func serveConns(l net.Listener, handle func(net.Conn)) func() {
 	var (
 		mu     sync.Mutex
 		conns  = map[net.Conn]struct{}{}
@@ -92,19 +125,7 @@ func serveTCP(l net.Listener, name string) func() {
 					mu.Unlock()
 					c.Close()
 				}()
-				if _, err := fmt.Fprintf(c, "%s\n", name); err != nil {
-					return
-				}
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					line := sc.Text()
-					if line == PeerQuery {
-						line = c.RemoteAddr().String()
-					}
-					if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
-						return
-					}
-				}
+				handle(c)
 			})
 		}
 	})
