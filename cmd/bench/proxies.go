@@ -73,12 +73,6 @@ func (p *proxy) scrape(ctx context.Context) (prom.Families, error) {
 	return fams, nil
 }
 
-// histogram scrapes one histogram.
-func (p *proxy) histogram(ctx context.Context, name string) (prom.Histogram, error) {
-	fams, err := p.scrape(ctx)
-	return fams.Histogram(name), err
-}
-
 // gauge returns a gauge of the last scrape.
 func (p *proxy) gauge(name string) (float64, error) {
 	v, ok := p.fams.Gauge(name)

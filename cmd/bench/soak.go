@@ -57,7 +57,7 @@ type soak struct {
 	w       *workload
 	model   *soakModel
 	topo    *netns.Topology
-	servers *soakServers
+	dead    eventLog[deadHit] // connections that reached an address with no pod
 	tmp     string
 	p       *proxy
 	clients *soakClients
@@ -108,7 +108,7 @@ func (s *soak) setUp(context.Context) error {
 	s.closers = append(s.closers, func() { _ = s.topo.Close() })
 	s.clients = &soakClients{ns: s.topo.Client, services: s.w.services, recent: newRecentRing(soakRecentChanges),
 		rate: s.so.connRate}
-	if s.servers, err = startSoakPods(s.topo, s.model.owners); err != nil {
+	if err = s.startPods(); err != nil {
 		return err
 	}
 	if s.tmp, err = os.MkdirTemp("", "nftproxy-soak-"); err != nil {
@@ -244,7 +244,7 @@ func (s *soak) churn(ctx context.Context) error {
 func (s *soak) finish(ctx context.Context) error {
 	run := s.run
 	s.clients.report(run)
-	dead, writes := s.servers.dead.since(0), s.writers.done.since(0)
+	dead, writes := s.dead.since(0), s.writers.done.since(0)
 	run.DeadHits = len(dead)
 	for _, d := range dead[:min(len(dead), soakFailureExamples)] {
 		run.Examples = append(run.Examples, stamp(d.at)+" a connection reached "+d.addr.String()+", where no pod runs; its history:")
@@ -343,11 +343,11 @@ func (s *soak) sample(ctx context.Context, point string) (pt SoakPoint, err erro
 	if pt.RSSMiB, _, err = s.p.Memory(); err != nil {
 		return pt, err
 	}
-	h, err := s.p.histogram(ctx, syncMetric)
+	fams, err := s.p.scrape(ctx)
 	if err != nil {
 		return pt, err
 	}
-	pt.Syncs = h.Count
+	pt.Syncs = fams.Histogram(syncMetric).Count
 	g, err := s.p.gauge("go_goroutines")
 	pt.Goroutines = int(g)
 	if err != nil || point == "" {

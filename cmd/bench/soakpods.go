@@ -34,41 +34,34 @@ func soakPodRange(k int) netip.Prefix {
 	return netip.PrefixFrom(addrPlus(soakPool.Addr(), uint32(k)<<(32-bits)), bits)
 }
 
-// soakServers is what the pods' servers share; Topology.Close stops them.
-type soakServers struct {
-	owners *addrOwners
-	dead   eventLog[deadHit] // connections that reached an address with no pod
-}
-
 type deadHit struct {
 	at   time.Time
 	addr netip.Addr
 }
 
-// startSoakPods routes each pod's part of the pool to it and starts its
-// server.
-func startSoakPods(topo *netns.Topology, owners *addrOwners) (*soakServers, error) {
-	s := &soakServers{owners: owners}
-	for k, p := range topo.Pods {
+// startPods routes each pod's part of the pool to it and starts its server;
+// Topology.Close stops them.
+func (s *soak) startPods() error {
+	for k, p := range s.topo.Pods {
 		r := soakPodRange(k)
 		if err := p.NS.IPBatch(fmt.Sprintf("route add local %s dev lo", r)); err != nil {
-			return nil, err
+			return err
 		}
-		if err := topo.Node.IPBatch(fmt.Sprintf("route add %s via %s dev %s", r, p.Addr, netns.BridgeName)); err != nil {
-			return nil, err
+		if err := s.topo.Node.IPBatch(fmt.Sprintf("route add %s via %s dev %s", r, p.Addr, netns.BridgeName)); err != nil {
+			return err
 		}
 		if err := p.ServeTCP(endpointPort, s.answer); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // answer writes "ADDRESS SERVICE" when a pod runs at the address the
 // connection reached, and resets the connection when none does.
-func (s *soakServers) answer(c net.Conn) {
+func (s *soak) answer(c net.Conn) {
 	local := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap() // the server listens on both families
-	svc, ok := s.owners.get(local)
+	svc, ok := s.model.owners.get(local)
 	if !ok {
 		s.dead.add(deadHit{time.Now(), local})
 		if tc, isTCP := c.(*net.TCPConn); isTCP {
