@@ -74,16 +74,10 @@ func (c *cluster) init(ctx context.Context, cfg rest.Config) (err error) {
 	if err := create(ctx, c.client.CoreV1().Namespaces(), "namespace", ns); err != nil {
 		return err
 	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}
-	node, err = c.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create node: %w", err)
-	}
-	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: netns.NodeAddr.String()}}
-	if _, err := c.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("set node address: %w", err)
-	}
-	return nil
+	// A Node's create keeps its status, as when a kubelet registers.
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}, Status: v1.NodeStatus{
+		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: netns.NodeAddr.String()}}}}
+	return create(ctx, c.client.CoreV1().Nodes(), "node", node)
 }
 
 // create makes obj through api, one of client-go's typed clients.

@@ -101,7 +101,8 @@ type soakFailure struct {
 const soakFailureExamples = 5
 
 // run connects at the set rate until ctx ends, with at most inflight
-// connections open; it returns once the last connection has ended.
+// connections open, and records how each failed; it returns once the last
+// connection has ended.
 func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed+1))
 	tick := time.NewTicker(time.Second / time.Duration(c.rate))
@@ -128,16 +129,11 @@ func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c.connect(svc)
+			c.attempts.Add(1)
+			if kind, what := c.ask(svc, soakConnTimeout); kind != "" {
+				c.failed.add(soakFailure{time.Now(), kind, what})
+			}
 		})
-	}
-}
-
-// connect makes one connection to the service and records how it failed.
-func (c *soakClients) connect(svc int) {
-	c.attempts.Add(1)
-	if kind, what := c.ask(svc, soakConnTimeout); kind != "" {
-		c.failed.add(soakFailure{time.Now(), kind, what})
 	}
 }
 
