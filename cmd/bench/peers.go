@@ -139,7 +139,11 @@ func (e *peerEnv) workload(spec workloadSpec) error {
 	e.cluster, e.w = c, w
 	for _, proxy := range proxies {
 		for run := range e.o.peerRuns {
-			logf("peers, %s: %s%s", spec.name, proxyTitle[proxy], runOf(run, e.o.peerRuns))
+			of := "" // which run, when there are several
+			if e.o.peerRuns > 1 {
+				of = fmt.Sprintf(", run %d of %d", run+1, e.o.peerRuns)
+			}
+			logf("peers, %s: %s%s", spec.name, proxyTitle[proxy], of)
 			if err := e.proxy(ctx, proxy); err != nil {
 				return err
 			}
@@ -151,14 +155,6 @@ func (e *peerEnv) workload(spec workloadSpec) error {
 	e.run.fold(spec.name, proxyAPIWatch)
 	e.saved()
 	return nil
-}
-
-// runOf names run (from 0) of runs in a log line; nothing for one run.
-func runOf(run, runs int) string {
-	if runs < 2 {
-		return ""
-	}
-	return fmt.Sprintf(", run %d of %d", run+1, runs)
 }
 
 // errStep is a step that did not finish in time or failed in the proxy: the
