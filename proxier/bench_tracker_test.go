@@ -238,39 +238,16 @@ func BenchmarkKernelChange(b *testing.B) {
 		}
 		for _, change := range []string{"service", "endpoint"} {
 			b.Run(fmt.Sprintf("%s/%d", change, n), func(b *testing.B) {
-				ns := netns.New(b, "pxc")
-				conn, err := nftnl.Dial(ns.Fd())
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer func() { _ = conn.Close() }()
-				tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-				tr.ReplaceAll(services, slices, nil)
-				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
-				tr.TakeChanges()
-				if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
-					b.Fatal(err)
-				}
-				var meter cpuMeter
-				i := 0
-				for b.Loop() {
-					if change == "service" {
-						if i%2 == 0 {
-							tr.SetService(trackerService(n))
-						} else {
-							tr.DeleteService("default", fmt.Sprintf("svc-%05d", n))
-						}
-					} else {
+				kernelSteps(b, services, slices, func(tr *k8s.Tracker, i int) {
+					switch {
+					case change == "endpoint":
 						tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
+					case i%2 == 0:
+						tr.SetService(trackerService(n))
+					default:
+						tr.DeleteService("default", fmt.Sprintf("svc-%05d", n))
 					}
-					meter.start()
-					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
-						b.Fatal(err)
-					}
-					meter.stop()
-					i++
-				}
-				meter.report(b)
+				})
 			})
 		}
 	}
@@ -302,36 +279,45 @@ func BenchmarkKernelNewCount(b *testing.B) {
 			n    int
 		}{{"count", 3}, {"new", 4}} {
 			b.Run(fmt.Sprintf("%s/10x%d", count.name, width), func(b *testing.B) {
-				ns := netns.New(b, "pxn")
-				conn, err := nftnl.Dial(ns.Fd())
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer func() { _ = conn.Close() }()
-				tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
-				tr.ReplaceAll(services, append(slices, endpointSlice(11, 0, 1<<21, count.n)), nil)
-				p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
-				tr.TakeChanges()
-				if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
-					b.Fatal(err)
-				}
-				var meter cpuMeter
-				i := 0
-				for b.Loop() {
+				kernelSteps(b, services, append(slices, endpointSlice(11, 0, 1<<21, count.n)), func(tr *k8s.Tracker, i int) {
 					if i%2 == 0 {
 						tr.SetService(trackerService(11))
 					} else {
 						tr.DeleteService("default", "svc-00011")
 					}
-					meter.start()
-					if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
-						b.Fatal(err)
-					}
-					meter.stop()
-					i++
-				}
-				meter.report(b)
+				})
 			})
 		}
 	}
+}
+
+// kernelSteps applies the objects through netlink into a fresh network
+// namespace (root only), then times, each iteration, the delta sync of what
+// step(i) changed in the tracker, as cpu-ms/op and sys-ms/op.
+func kernelSteps(b *testing.B, services []*v1.Service, slices []*discoveryv1.EndpointSlice, step func(tr *k8s.Tracker, i int)) {
+	ns := netns.New(b, "pxc")
+	conn, err := nftnl.Dial(ns.Fd())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	tr.ReplaceAll(services, slices, nil)
+	p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: nftnl.Kernel{Conn: conn}})
+	tr.TakeChanges()
+	if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+		b.Fatal(err)
+	}
+	var meter cpuMeter
+	i := 0
+	for b.Loop() {
+		step(tr, i)
+		meter.start()
+		if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+			b.Fatal(err)
+		}
+		meter.stop()
+		i++
+	}
+	meter.report(b)
 }
