@@ -44,12 +44,12 @@ func daemonPhase(res *Results, o *options) error {
 		if skipAbove(res, n, o.daemonMax, "daemon-max", []string{metricDaemonRSS}, methodDaemon) {
 			continue
 		}
-		if err := runDaemon(res, o, n, endpointsPerService); err != nil {
+		if err := res.whole(func(s *Results) error { return runDaemon(s, o, n, endpointsPerService) }); err != nil {
 			return err
 		}
 	}
 	for _, n := range o.daemonOne {
-		if err := runDaemon(res, o, n, 1); err != nil {
+		if err := res.whole(func(s *Results) error { return runDaemon(s, o, n, 1) }); err != nil {
 			return err
 		}
 	}

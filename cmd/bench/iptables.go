@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/netns"
 )
@@ -46,32 +45,34 @@ func iptablesUpdates(res *Results, be backend, n, runs int, full bool) error {
 		}
 		for _, k := range ch.kinds(runs) {
 			// kube-proxy's full sync writes every chain, its partial sync
-			// the changed service's alone.
-			for _, restore := range []struct {
-				method string
-				all    bool
-			}{{be.full, true}, {be.partial, false}} {
-				if restore.all && !full {
-					continue
-				}
-				took, err := repeat(runs, func(run int) (time.Duration, error) {
+			// the changed service's alone; the two take turns run by run,
+			// so each starts from a table the other just wrote.
+			took := map[bool][]float64{}
+			for run := range runs {
+				for _, all := range []bool{true, false} {
+					if all && !full {
+						continue
+					}
 					c := k.next(run)
 					r := iptablesRestore{only: map[int]bool{c.service: true}}
 					for _, e := range c.gone {
 						r.stale = append(r.stale, sepChain(&c.snap.Services[c.service], e))
 					}
-					if restore.all {
+					if all {
 						r.only = nil
 					}
 					d, err := timeTool(ns, r.text(c.snap.Services), be.args(true)...)
+					if err != nil {
+						return fmt.Errorf("%s: %w", k.metric, err)
+					}
 					ch.snap = c.snap
-					return d, err
-				})
-				if err != nil {
-					return fmt.Errorf("%s: %w", k.metric, err)
+					took[all] = append(took[all], ms(d))
 				}
-				res.add(n, k.metric, restore.method, took...)
 			}
+			if full {
+				res.add(n, k.metric, be.full, took[true]...)
+			}
+			res.add(n, k.metric, be.partial, took[false]...)
 		}
 		return nil
 	})

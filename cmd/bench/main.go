@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"slices"
 	"strconv"
@@ -162,7 +163,12 @@ func run(args []string) error {
 	// the others; the peers phase saves after each proxy, so a run cut
 	// short keeps what it finished. There may be no saved figures.
 	path := o.results
-	old, _ := loadResults(path)
+	old, err := loadResults(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A results file that is there but can't be read would be
+		// overwritten with this run's figures alone.
+		return err
+	}
 	o.checkpoint = func(res *Results) {
 		if err := mergeResults(old, res).save(path); err != nil {
 			logf("saving results: %v", err)
@@ -286,12 +292,12 @@ func syncPhase(res *Results, o *options, n int) error {
 
 func updatePhase(res *Results, o *options, n int) error {
 	logf("updates, %d services: nftproxy and nft -f", n)
-	if err := nftproxyUpdates(res, n, o.runs); err != nil {
+	if err := res.whole(func(s *Results) error { return nftproxyUpdates(s, n, o.runs) }); err != nil {
 		return err
 	}
 	runs := o.runsAt(n) // tens of seconds each
 	logf("updates, %d services: %s (runs: %d)", n, legacy.restore, runs)
-	if err := iptablesUpdates(res, legacy, n, runs, true); err != nil {
+	if err := res.whole(func(s *Results) error { return iptablesUpdates(s, legacy, n, runs, true) }); err != nil {
 		return err
 	}
 	updates := []string{metricEndpointChange, metricServiceAdded}
@@ -300,7 +306,7 @@ func updatePhase(res *Results, o *options, n int) error {
 	}
 	full := !skipAbove(res, n, o.iptNftFull, "iptables-nft-max-full-update", updates, iptNft.full)
 	logf("updates, %d services: %s (runs: 1)", n, iptNft.restore)
-	return iptablesUpdates(res, iptNft, n, 1, full)
+	return res.whole(func(s *Results) error { return iptablesUpdates(s, iptNft, n, 1, full) })
 }
 
 // runsAt is the runs of a slow tool at n services: one above 10,000.

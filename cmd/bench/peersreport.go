@@ -59,7 +59,7 @@ func (p *PeerRun) cell(workload, proxy, metric string, format func(float64) stri
 		return p.limitText()
 	case strings.HasPrefix(r.Skip, notMeasured):
 		return "not run"
-	case r.Skip != "":
+	case failedSkip(r.Skip):
 		return "failed¹"
 	}
 	var notes []string
@@ -74,6 +74,12 @@ func (p *PeerRun) cell(workload, proxy, metric string, format func(float64) stri
 		return format(r.Value)
 	}
 	return fmt.Sprintf("%s (%s)", format(r.Value), strings.Join(notes, "; "))
+}
+
+// failedSkip tells whether a record's skip reason is a failure (the cell
+// "failed¹", explained under the table), not the limit or a step not run.
+func failedSkip(skip string) bool {
+	return skip != "" && skip != overLimit && !strings.HasPrefix(skip, notMeasured)
 }
 
 // quotient is a proxy's figure over the fastest kube-proxy mode's.
@@ -236,9 +242,8 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 		var row []string
 		for _, c := range peerColumns {
 			row = append(row, p.cell(wl.Name, proxy, c.metric, c.format))
-			if row[len(row)-1] == "failed¹" {
-				why := p.find(wl.Name, proxy, c.metric).Skip
-				failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, why))
+			if r := p.find(wl.Name, proxy, c.metric); r != nil && failedSkip(r.Skip) {
+				failures = append(failures, fmt.Sprintf("%s, %s, %s: %s", wl.Name, proxyTitle[proxy], c.title, r.Skip))
 			}
 		}
 		if anyFigure(row) {

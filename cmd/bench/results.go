@@ -85,6 +85,19 @@ func (r *Results) add(n int, metric, method string, values ...float64) {
 	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Values: rounded})
 }
 
+// whole runs measure on a scratch list of records and keeps them only when it
+// succeeds: a run that fails part way must not leave some of its figures
+// beside the others of an earlier run, which the merge with the saved
+// results would then mix.
+func (r *Results) whole(measure func(*Results) error) error {
+	scratch := &Results{}
+	if err := measure(scratch); err != nil {
+		return err
+	}
+	r.Records = append(r.Records, scratch.Records...)
+	return nil
+}
+
 func (r *Results) skip(n int, metric, method, why string) {
 	r.Records = append(r.Records, Record{N: n, Metric: metric, Method: method, Skip: why})
 }

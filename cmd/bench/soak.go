@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -320,14 +319,19 @@ func (s *soak) waitReady(ctx context.Context) error {
 		return fmt.Errorf("wait for nftproxy: %w", err)
 	}
 	began, n := time.Now(), len(s.w.services)
-	for slices.ContainsFunc([]int{0, n / 2, n - 1}, func(svc int) bool {
-		kind, _ := s.clients.ask(svc, time.Second)
-		return kind != ""
-	}) {
-		if time.Since(began) > soakReadyTimeout {
-			return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, s.p.LogTail(5))
+	for _, svc := range []int{0, n / 2, n - 1} {
+		for {
+			if kind, _ := s.clients.ask(svc, time.Second); kind == "" {
+				break
+			}
+			switch {
+			case s.p.Exited():
+				return fmt.Errorf("nftproxy exited: %s", s.p.LogTail(5))
+			case time.Since(began) > soakReadyTimeout:
+				return fmt.Errorf("nftproxy not serving after %s: %s", soakReadyTimeout, s.p.LogTail(5))
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	return nil
 }

@@ -130,7 +130,9 @@ func (c *soakClients) run(ctx context.Context, inflight int, seed uint64) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			c.attempts.Add(1)
-			if kind, what := c.ask(svc, soakConnTimeout); kind != "" {
+			// The connect and the answer had a timeout each before they
+			// went through one ask: its budget is both.
+			if kind, what := c.ask(svc, 2*soakConnTimeout); kind != "" {
 				c.failed.add(soakFailure{time.Now(), kind, what})
 			}
 		})
