@@ -14,9 +14,9 @@ import (
 )
 
 // TestPatchedMergeEqualsFullMerge changes one slice of a two-port service at
-// a time, at random, mostly with a read between changes: endpoints replaced, added, removed, made not ready,
-// the same address in two slices (whose tie only the full merge breaks),
-// slices added and deleted. After each change the service's ports must be
+// a time, at random, mostly with a read between changes: endpoints
+// replaced, added, removed, made not ready, the same address in two slices
+// (whose tie only the full merge breaks), slices added and deleted. After each change the service's ports must be
 // what merging every slice again gives.
 func TestPatchedMergeEqualsFullMerge(t *testing.T) {
 	svc := &v1.Service{

@@ -22,13 +22,9 @@ type Objects struct {
 // Snapshot decodes data as Objects and returns the snapshot a tracker on
 // node-1 makes of them; false when data is not such JSON.
 func Snapshot(data []byte) (*k8s.Snapshot, bool) {
-	svcs, slices, node, ok := decode(data)
-	if !ok {
-		return nil, false
-	}
-	tr := newTracker()
-	tr.ReplaceAll(svcs, slices, node)
-	return tr.Snapshot(), true
+	return tracked(data, func(tr *k8s.Tracker, svcs []*v1.Service, slices []*discoveryv1.EndpointSlice, node *v1.Node) {
+		tr.ReplaceAll(svcs, slices, node)
+	})
 }
 
 // Stepwise is Snapshot with the slices set one at a time, a snapshot taken
@@ -36,22 +32,26 @@ func Snapshot(data []byte) (*k8s.Snapshot, bool) {
 // endpoints it keeps, where one ReplaceAll merges them once. Both must give
 // the same snapshot.
 func Stepwise(data []byte) (*k8s.Snapshot, bool) {
+	return tracked(data, func(tr *k8s.Tracker, svcs []*v1.Service, slices []*discoveryv1.EndpointSlice, node *v1.Node) {
+		tr.ReplaceAll(svcs, nil, node)
+		tr.Snapshot()
+		for _, s := range slices {
+			tr.SetSlice(s)
+			tr.Snapshot()
+		}
+	})
+}
+
+// tracked decodes data, has load hand the objects to a tracker on node-1,
+// and returns the tracker's snapshot.
+func tracked(data []byte, load func(*k8s.Tracker, []*v1.Service, []*discoveryv1.EndpointSlice, *v1.Node)) (*k8s.Snapshot, bool) {
 	svcs, slices, node, ok := decode(data)
 	if !ok {
 		return nil, false
 	}
-	tr := newTracker()
-	tr.ReplaceAll(svcs, nil, node)
-	tr.Snapshot()
-	for _, s := range slices {
-		tr.SetSlice(s)
-		tr.Snapshot()
-	}
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	load(tr, svcs, slices, node)
 	return tr.Snapshot(), true
-}
-
-func newTracker() *k8s.Tracker {
-	return k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
 }
 
 // decode reads data as Objects, without the nil objects informers never
