@@ -235,7 +235,7 @@ func (s *soak) churn(ctx context.Context) error {
 		return churnErr
 	}
 	s.writers.close(run)
-	run.Changes = s.clients.recent.pushed()
+	run.Changes = int(s.model.replaced.Load())
 	return nil
 }
 
@@ -295,7 +295,7 @@ func (s *soak) replaceAtRate(ctx context.Context) error {
 				m.remove(r.svc, r.retiring)
 				s.writers.queue(soakChange{svc: r.svc, removed: r.retiring}, m.endpoints(r.svc))
 			}
-			owed := int64(now.Sub(began).Seconds()*float64(rate)) - skipped - int64(s.clients.recent.pushed())
+			owed := int64(now.Sub(began).Seconds()*float64(rate)) - skipped - m.replaced.Load()
 			if owed > rate {
 				skipped += owed - rate
 				owed = rate
@@ -341,7 +341,7 @@ func (s *soak) waitReady(ctx context.Context) error {
 // live heap.
 func (s *soak) sample(ctx context.Context, point string) (pt SoakPoint, err error) {
 	c := s.clients
-	pt = SoakPoint{AtS: time.Since(s.began).Round(time.Second).Seconds(), Changes: c.recent.pushed(),
+	pt = SoakPoint{AtS: time.Since(s.began).Round(time.Second).Seconds(), Changes: int(s.model.replaced.Load()),
 		Connections: int(c.attempts.Load()), Failed: len(c.failed.since(0)), Terminating: int(s.model.terminating.Load())}
 	pt.WriteLagMS, s.lagFrom = s.writers.lagSince(s.lagFrom)
 	if pt.RSSMiB, _, err = s.p.Memory(); err != nil {

@@ -32,6 +32,9 @@ type soakModel struct {
 	// churn adds to the steady endpoints, the grace period (and any lag
 	// of the writes) times the rate. The samples read it as the churn runs.
 	terminating atomic.Int64
+	// replaced counts the replacements so far: the churn keeps its rate
+	// with it, and the samples read it.
+	replaced atomic.Int64
 }
 
 type soakEndpoint struct {
@@ -88,6 +91,7 @@ func (m *soakModel) replace() (r soakChange, ok bool) {
 	old := &eps[ready[m.rng.IntN(len(ready))]]
 	old.terminating = true
 	m.terminating.Add(1)
+	m.replaced.Add(1)
 	r.retiring, r.added = old.addr, m.free[0]
 	m.free = m.free[1:]
 	m.owners.set(r.added, r.svc)
@@ -139,7 +143,7 @@ func (o *addrOwners) get(a netip.Addr) (svc int, ok bool) {
 // services in the middle of a change. Safe for concurrent use.
 type recentRing struct {
 	slots []atomic.Int32
-	next  atomic.Uint64 // every push so far: the churn's replacements
+	next  atomic.Uint64 // every push so far
 }
 
 func newRecentRing(n int) *recentRing { return &recentRing{slots: make([]atomic.Int32, n)} }
@@ -148,9 +152,6 @@ func (r *recentRing) push(svc int) {
 	i := r.next.Add(1) - 1
 	r.slots[i%uint64(len(r.slots))].Store(int32(svc + 1))
 }
-
-// pushed returns how many services were pushed so far.
-func (r *recentRing) pushed() int { return int(r.next.Load()) }
 
 // pick returns a recently changed service; ok is false before any change.
 func (r *recentRing) pick(rng *rand.Rand) (int, bool) {
