@@ -257,7 +257,8 @@ func BenchmarkKernelChange(b *testing.B) {
 // removed, through netlink into a fresh network namespace (root only), next
 // to ten services of width endpoints each and one of three: the new service
 // has three endpoints (count: a dispatch chain for three is there) or four
-// (new: none is, so the batch adds the chain cluster-ip-4). A chain's rule that
+// (new: none is, so the batch adds the chain cluster-ip-4); scale is a wide
+// service scaled to a new count and back beside small services. A chain's rule that
 // reads a map binds it, and the kernel checks every element of a map at
 // each new binding from another chain (nf_tables_bind_check_setelem): the
 // new count's sys-ms/op grows with the endpoints of the whole table
@@ -288,6 +289,24 @@ func BenchmarkKernelNewCount(b *testing.B) {
 				})
 			})
 		}
+	}
+	// A wide service scaled from 1,000 endpoints to 1,001 and back, a new
+	// count each time, beside small services of three.
+	for _, small := range []int{10000, 20000} {
+		services := []*v1.Service{trackerService(small)}
+		var slices []*discoveryv1.EndpointSlice
+		for i := range small {
+			services = append(services, trackerService(i))
+			slices = append(slices, trackerSlice(i, uint32(3*i+3)))
+		}
+		for s := range 10 {
+			slices = append(slices, endpointSlice(small, s, uint32(1<<21+100*s), 100))
+		}
+		b.Run(fmt.Sprintf("scale/%dx3+1x1000", small), func(b *testing.B) {
+			kernelSteps(b, services, slices, func(tr *k8s.Tracker, i int) {
+				tr.SetSlice(endpointSlice(small, 9, 1<<21+900, 100+(i+1)%2))
+			})
+		})
 	}
 }
 

@@ -47,10 +47,7 @@ func nodePort(i int) uint16 {
 }
 
 // endpointAddr returns the n-th address of 10.128.0.0/10.
-func endpointAddr(n uint32) netip.Addr {
-	v := uint32(10)<<24 | 128<<16 + n
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
+func endpointAddr(n uint32) netip.Addr { return addrPlus(netip.AddrFrom4([4]byte{10, 128, 0, 0}), n) }
 
 func endpoint(a netip.Addr) k8s.Endpoint {
 	return k8s.Endpoint{Addr: a, Port: endpointPort, Ready: true, Serving: true}

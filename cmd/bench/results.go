@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 )
@@ -159,6 +160,9 @@ func (r *Results) save(path string) error {
 		b.Write(line)
 	}
 	b.WriteString("\n  ]\n}")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("make results directory: %w", err)
+	}
 	if err := os.WriteFile(path, append(b.Bytes(), '\n'), 0o644); err != nil {
 		return fmt.Errorf("write results: %w", err)
 	}

@@ -174,6 +174,7 @@ func (s *soak) start(ctx context.Context) error {
 		return err
 	}
 	s.writers = startSoakWriters(ctx, sink, s.w.services, soakWorkers)
+	s.closers = append(s.closers, s.writers.stop)
 	p, err := startProxy("nftproxy", s.topo.Node, nil, append(nftproxyCommand(s.binary, flags...), "--profiling")...)
 	if err != nil {
 		return err
@@ -196,9 +197,11 @@ func (s *soak) start(ctx context.Context) error {
 func (s *soak) churn(ctx context.Context) error {
 	run := s.run
 	cctx, cancel := context.WithTimeout(ctx, s.so.duration)
-	defer cancel()
-	s.began = time.Now()
 	var wg sync.WaitGroup
+	// A failed sample returns early: the clients and the churn stop before
+	// the clean-up stops the writers they queue to.
+	defer func() { cancel(); wg.Wait() }()
+	s.began = time.Now()
 	var churnErr error
 	wg.Go(func() { s.clients.run(cctx, soakInflight, soakSeed) })
 	wg.Go(func() { churnErr = s.replaceAtRate(cctx) })

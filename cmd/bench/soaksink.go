@@ -91,6 +91,7 @@ type soakWriters struct {
 	queues   []chan soakWrite
 	written  chan soakWrite // replacements once written: their grace starts
 	wg       sync.WaitGroup
+	stopped  sync.Once
 	done     eventLog[soakWrite] // in the order they ended
 }
 
@@ -156,12 +157,20 @@ func writeLatencies(writes []soakWrite) []float64 {
 	return out
 }
 
-// close waits for every queued write, and records the writes in run.
+// stop waits for every queued write and ends the workers; it may be called
+// again (the soak's clean-up calls it when a later step failed).
+func (w *soakWriters) stop() {
+	w.stopped.Do(func() {
+		for _, q := range w.queues {
+			close(q)
+		}
+		w.wg.Wait()
+	})
+}
+
+// close stops the writers, and records the writes in run.
 func (w *soakWriters) close(run *SoakRun) {
-	for _, q := range w.queues {
-		close(q)
-	}
-	w.wg.Wait()
+	w.stop()
 	writes := w.done.since(0)
 	lat := writeLatencies(writes)
 	run.Writes, run.WriteErrors, run.WriteP99MS = len(lat), len(writes)-len(lat), quantile(lat, 0.99)
