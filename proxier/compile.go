@@ -117,13 +117,14 @@ type compiler struct {
 	npT          []m.DataType
 
 	// Declarations of the shared sets, without elements.
-	serviceIPs, serviceNodePorts        *m.Set
-	noEndpointIPs, noEndpointNodePorts  *m.Set
-	hairpin, clusterIPs                 *m.Set
-	firewallIPs, firewallAllow          *m.Set
-	endpoints, nodePortEndpoints        *m.Set
-	affinity                            *m.Set
-	affinityServices, affinityNodePorts *m.Set
+	serviceIPs, serviceNodePorts         *m.Set
+	noEndpointIPs, noEndpointNodePorts   *m.Set
+	hairpin, clusterIPs                  *m.Set
+	firewallIPs, firewallAllow           *m.Set
+	endpoints, nodePortEndpoints         *m.Set
+	wideEndpoints, wideNodePortEndpoints *m.Set
+	affinity                             *m.Set
+	affinityServices, affinityNodePorts  *m.Set
 	// slots is the assignment the pieces' slot orders follow.
 	slots Slots
 	// here keeps the endpoints that may be on this node (mayBeHere).
@@ -175,6 +176,7 @@ func newCompiler(cfg Config, snap *k8s.Snapshot) *compiler {
 		Typeof: &m.Typeof{Key: vipKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
 	c.nodePortEndpoints = &m.Set{Name: mapNodePortEndpoints, Key: append(slices.Clone(c.npT), m.TypeInteger), Data: c.targetT,
 		Typeof: &m.Typeof{Key: nodePortKey, KeyNumgen: typeofSlotModulus, Data: targetKey}}
+	c.wideEndpoints, c.wideNodePortEndpoints = renamed(c.endpoints, mapWideEndpoints), renamed(c.nodePortEndpoints, mapWideNodePortEndpoints)
 	// The map's own timeout is only its declaration's: every element gets
 	// its service's from the rule that adds it.
 	c.affinity = &m.Set{Name: mapAffinity, Key: []m.DataType{addrT, addrT, m.TypeInetProto, m.TypeInetService}, Data: c.targetT,
@@ -196,11 +198,19 @@ func withServiceCIDRs(configured, fromCluster []netip.Prefix) []netip.Prefix {
 	return out
 }
 
+// renamed is a copy of the declaration decl under another name.
+func renamed(decl *m.Set, name string) *m.Set {
+	s := *decl
+	s.Name = name
+	return &s
+}
+
 // fixedSets are the declarations of the sets every ruleset has, in the
 // order the ruleset lists them.
 func (c *compiler) fixedSets() []*m.Set {
 	return []*m.Set{c.serviceIPs, c.serviceNodePorts, c.noEndpointIPs, c.noEndpointNodePorts,
 		c.hairpin, c.firewallIPs, c.firewallAllow, c.clusterIPs, c.endpoints, c.nodePortEndpoints,
+		c.wideEndpoints, c.wideNodePortEndpoints,
 		c.affinity, c.affinityServices, c.affinityNodePorts}
 }
 

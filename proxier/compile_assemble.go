@@ -36,7 +36,8 @@ func (c *compiler) newAssembly(hint sizeHint) *assembly {
 		c:        c,
 		elements: map[*m.Set][]m.Element{c.serviceIPs: make([]m.Element, 0, hint.ports)},
 		// The endpoint maps always have a source, with or without runs.
-		runs:       map[*m.Set][]slotRun{c.endpoints: make([]slotRun, 0, hint.ports), c.nodePortEndpoints: nil},
+		runs: map[*m.Set][]slotRun{c.endpoints: make([]slotRun, 0, hint.ports), c.nodePortEndpoints: nil,
+			c.wideEndpoints: nil, c.wideNodePortEndpoints: nil},
 		hairpin:    make([]netip.Addr, 0, hint.endpoints),
 		clusterIPs: make([]netip.Addr, 0, hint.clusterIPs),
 		used:       map[sharedObj]bool{},

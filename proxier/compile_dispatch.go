@@ -76,6 +76,31 @@ func affinityName(name string, o sharedObj) string {
 	return fmt.Sprintf("%s-affinity-%d%s", kind, o.n, counts)
 }
 
+// wideFrom is the endpoint count from which a list's slots go to the wide
+// endpoint maps. A rule that reads a map from a chain that did not read it
+// yet makes the kernel check every element of the map (kernel 6.18:
+// nf_tables_bind_set walks it), so a new endpoint count, whose dispatch chain
+// is new, costs the kernel every element of the map it reads. Small counts
+// exist in any large cluster; a wide service's counts are its own, and each
+// of its scale events makes one. With maps of their own, its new count walks
+// only the wide lists' elements, and a service of few endpoints added beside
+// wide ones walks only the small lists'. A list crossing wideFrom moves its
+// elements from one map to the other: at most wideFrom of them. (A
+// variable: tests lower it, so that random sequences cross it.)
+var wideFrom = 64
+
+// endpointMap is the endpoint map, small or wide, of a list of n endpoints
+// for the map base (the ClusterIP and external one or the NodePort one).
+func (c *compiler) endpointMap(base *m.Set, n int) *m.Set {
+	switch {
+	case n < wideFrom:
+		return base
+	case base == c.nodePortEndpoints:
+		return c.wideNodePortEndpoints
+	}
+	return c.wideEndpoints
+}
+
 // sharedChain builds a dispatch chain: it marks for masquerade as its kind
 // of traffic needs, then DNATs to the endpoint in a random one of n slots.
 func (c *compiler) sharedChain(o sharedObj) *m.Chain {
@@ -87,15 +112,15 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 		if r, ok := c.clusterMasquerade(); ok {
 			ch.Rules = append(ch.Rules, r)
 		}
-		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}})
+		ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: c.endpointMap(c.endpoints, o.n).Name}}})
 	case externalDispatch:
-		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: mapEndpoints}}}}
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: vipKey, Numgen: n, Map: c.endpointMap(c.endpoints, o.n).Name}}}}
 	case nodePortDispatch:
-		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: mapNodePortEndpoints}}}}
+		ch.Rules = []m.Rule{markAll, {Exprs: []m.Expr{m.DNATMap{Key: nodePortKey, Numgen: n, Map: c.endpointMap(c.nodePortEndpoints, o.n).Name}}}}
 	case externalLocalDispatch:
-		ch.Rules = c.localPolicyRules(o, vipKey, mapEndpoints)
+		ch.Rules = c.localPolicyRules(o, vipKey, c.endpoints)
 	case nodePortLocalDispatch:
-		ch.Rules = c.localPolicyRules(o, nodePortKey, mapNodePortEndpoints)
+		ch.Rules = c.localPolicyRules(o, nodePortKey, c.nodePortEndpoints)
 	case affinityUpdate:
 		for _, proto := range affinityProtocols {
 			ch.Rules = append(ch.Rules, m.Rule{Exprs: []m.Expr{m.MatchL4Proto{Proto: proto},
@@ -112,8 +137,8 @@ func (c *compiler) sharedChain(o sharedObj) *m.Chain {
 // the node itself still reach every endpoint (the node's own traffic
 // masqueraded, as its source can't be kept); traffic from elsewhere only
 // local endpoints, with its source kept, and none is dropped.
-func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, endpoints string) []m.Rule {
-	cluster := m.DNATMap{Key: key, Numgen: uint32(o.n), Map: endpoints}
+func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, targets *m.Set) []m.Rule {
+	cluster := m.DNATMap{Key: key, Numgen: uint32(o.n), Map: c.endpointMap(targets, o.n).Name}
 	var rules []m.Rule
 	if match, ok := c.localTraffic(false); ok {
 		rules = append(rules, m.Rule{Exprs: append(match, cluster), Comment: "pod traffic stays cluster-wide"})
@@ -124,6 +149,6 @@ func (c *compiler) localPolicyRules(o sharedObj, key []m.Field, endpoints string
 	if o.local == 0 {
 		return append(rules, m.Rule{Exprs: []m.Expr{m.Verdict{Kind: m.Drop}}, Comment: "no local endpoints"})
 	}
-	local := m.DNATMap{Key: key, Numgen: uint32(o.local), Offset: localSlotOffset, Map: endpoints}
+	local := m.DNATMap{Key: key, Numgen: uint32(o.local), Offset: localSlotOffset, Map: c.endpointMap(targets, o.local).Name}
 	return append(rules, m.Rule{Exprs: []m.Expr{local}})
 }

@@ -189,9 +189,9 @@ func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, t
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
 	b.remember(set, key)
-	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: cluster})
+	b.p.runs = append(b.p.runs, slotRun{set: b.c.endpointMap(targets, cluster.len()), key: key, eps: cluster})
 	if local.len() > 0 {
-		b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: local, offset: localSlotOffset})
+		b.p.runs = append(b.p.runs, slotRun{set: b.c.endpointMap(targets, local.len()), key: key, eps: local, offset: localSlotOffset})
 	}
 }
 
@@ -216,7 +216,7 @@ func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, target
 	obj := sharedObj{kind: kind, n: order.len(), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
-	b.p.runs = append(b.p.runs, slotRun{set: targets, key: key, eps: order})
+	b.p.runs = append(b.p.runs, slotRun{set: b.c.endpointMap(targets, order.len()), key: key, eps: order})
 	b.remember(set, key)
 }
 

@@ -136,6 +136,11 @@ func goldenCases() []goldenCase {
 			sp.ExternalPolicyLocal = true
 			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.168.77.200")}
 		})}, node: k8s.Node{Name: "node-1"}},
+		// 64 endpoints, two of them here: the cluster-wide slots go to
+		// the wide maps, the local ones to the small maps.
+		{name: "wide-external-policy-local", services: []k8s.ServicePort{svc("web", "http", "10.96.0.10", wideFrom, nodePort(30080), local(2), func(sp *k8s.ServicePort) {
+			sp.ExternalPolicyLocal = true
+		})}, node: k8s.Node{Name: "node-1"}},
 		{name: "internal-policy-local", services: []k8s.ServicePort{
 			svc("web", "http", "10.96.0.10", 3, local(2), func(sp *k8s.ServicePort) { sp.InternalPolicyLocal = true }),
 			svc("remote", "http", "10.96.0.11", 1, func(sp *k8s.ServicePort) { sp.InternalPolicyLocal = true }),

@@ -112,9 +112,13 @@ var incrementalConfigs = []Config{
 // Compile builds from scratch, and the changes are valid in the order the
 // applier sends them.
 func TestIncrementalMatchesCompile(t *testing.T) {
+	defer func(v int) { wideFrom = v }(wideFrom)
 	for _, cfg := range incrementalConfigs {
 		for seed := range uint64(20) {
 			t.Run(fmt.Sprintf("%s/seed=%d", cfg.Family, seed), func(t *testing.T) {
+				// Every other seed puts lists of two endpoints or more in
+				// the wide maps: the random counts cross it both ways.
+				wideFrom = []int{64, 2}[seed%2]
 				g := newRandomSnapshots(seed)
 				snap := g.next()
 				state, applied := newIncremental(snap, cfg, nil)
@@ -259,6 +263,10 @@ func TestSameServicePortSeesEveryField(t *testing.T) {
 // sequence over netlink: the kernel takes every batch, and the table read
 // back (nftnl.Read, which lists as nft does) is Compile's ruleset at the end.
 func TestIncrementalThroughNetlink(t *testing.T) {
+	// Lists of two endpoints or more go to the wide maps: the random
+	// counts cross it both ways, and the kernel takes the moves.
+	defer func(v int) { wideFrom = v }(wideFrom)
+	wideFrom = 2
 	ns := netns.New(t, "pxi")
 	conn, err := nftnl.Dial(ns.Fd())
 	if err != nil {
@@ -426,8 +434,8 @@ func TestFullSyncSetsHaveSources(t *testing.T) {
 	for _, cfg := range incrementalConfigs {
 		state, rs := newIncremental(snap, cfg, nil)
 		for _, s := range rs.Sets {
-			want := s.Name == state.c.endpoints.Name || s.Name == state.c.nodePortEndpoints.Name ||
-				s.Name == state.c.hairpin.Name || s.Name == state.c.clusterIPs.Name
+			want := slices.ContainsFunc([]*m.Set{state.c.endpoints, state.c.nodePortEndpoints, state.c.wideEndpoints,
+				state.c.wideNodePortEndpoints, state.c.hairpin, state.c.clusterIPs}, func(d *m.Set) bool { return d.Name == s.Name })
 			if (s.Source != nil) != want {
 				t.Errorf("%s: set %s has a source: %v, want %v", cfg.Family, s.Name, s.Source != nil, want)
 			}

@@ -37,9 +37,12 @@ const (
 	setFirewallAllow = "firewall-allow"
 	setClusterIPs    = "cluster-ips"
 	// The endpoints of every service port, keyed by the service port and a
-	// slot number: the DNAT targets.
-	mapEndpoints         = "endpoints"
-	mapNodePortEndpoints = "node-port-endpoints"
+	// slot number: the DNAT targets. Lists of wideFrom endpoints or more
+	// have maps of their own (see wideFrom).
+	mapEndpoints             = "endpoints"
+	mapNodePortEndpoints     = "node-port-endpoints"
+	mapWideEndpoints         = "endpoints-wide"
+	mapWideNodePortEndpoints = "node-port-endpoints-wide"
 	// Session affinity: the endpoint each client of a service entry was
 	// sent to, which the packet path fills (client . entry : endpoint), and
 	// which entries remember it, for how long.

@@ -167,8 +167,8 @@ func chiSquareCritical(df, z float64) float64 {
 // p = 3e-7, so the test does not flake), and replacing one endpoint over
 // netlink leaves established connections to the others working.
 func TestWideServiceSpreadsAndKeepsConnections(t *testing.T) {
-	// The endpoints map and the hairpin set declared with a size, as a
-	// large cluster's are: packets through the kernel's fixed-size hash.
+	// The wide endpoints map and the hairpin set declared with a size, as
+	// a large cluster's are: packets through the kernel's fixed-size hash.
 	defer func(v int) { sizedFrom = v }(sizedFrom)
 	sizedFrom = wideEndpoints / 2
 	topo, conn := wideTopology(t)
@@ -179,8 +179,8 @@ func TestWideServiceSpreadsAndKeepsConnections(t *testing.T) {
 	snap := wideSnapshot(idx)
 	cfg := Config{Family: m.IPv4, ClusterCIDRs: []netip.Prefix{netns.ClusterCIDR}}
 	state, rs := newIncremental(snap, cfg, nil)
-	if state.sizes[state.c.endpoints] == 0 || state.sizes[state.c.hairpin] == 0 {
-		t.Fatalf("sizes %v: the endpoints map and the hairpin set should have one", state.sizes)
+	if state.sizes[state.c.wideEndpoints] == 0 || state.sizes[state.c.hairpin] == 0 {
+		t.Fatalf("sizes %v: the wide endpoints map and the hairpin set should have one", state.sizes)
 	}
 	if _, err := nftnl.Apply(conn, rs); err != nil {
 		t.Fatal(err)

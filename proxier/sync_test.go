@@ -228,9 +228,10 @@ func changesBetween(prev, next *k8s.Snapshot) k8s.Changes {
 // compare only the ports handed over. Every other seed keeps the applied
 // piece of every port, as of a wide one.
 func TestSyncChangesMatchesCompile(t *testing.T) {
-	defer func(v int) { keptFromEndpoints = v }(keptFromEndpoints)
+	defer func(v, w int) { keptFromEndpoints, wideFrom = v, w }(keptFromEndpoints, wideFrom)
 	for seed := range uint64(10) {
 		keptFromEndpoints = []int{0, 64}[seed%2]
+		wideFrom = []int{64, 2}[seed/2%2] // and every other pair crosses the wide maps' threshold
 		g := newRandomSnapshots(seed)
 		k := &modelKernel{t: t, tables: map[m.Family]*m.Ruleset{}}
 		p := New(Options{Configs: incrementalConfigs, Kernel: k})
