@@ -23,6 +23,27 @@ type Changes struct {
 	// endpoint changes handed over, for kube-proxy's network programming
 	// latency.
 	TriggerTimes []TriggerTime
+	// Deltas say, for some of the ports whose endpoints changed, which
+	// endpoints left and came: a receiver may patch what it built from the
+	// old list instead of walking the new one.
+	Deltas map[ServicePortName]*EndpointDelta
+}
+
+// EndpointDelta is how a service port's endpoints went from one list to the
+// next by a slice's change: the endpoints that left and those that came
+// (one changed in place is in both), each sorted by address and port. From
+// and To are the two lists, compared by identity (lists are never modified
+// in place), so that a receiver can tell in constant time whether the delta
+// leads from the list it holds to the one it is given.
+type EndpointDelta struct {
+	From, To       []Endpoint
+	Removed, Added []Endpoint
+}
+
+// Leads tells whether d takes list from to list to.
+func (d *EndpointDelta) Leads(from, to []Endpoint) bool {
+	same := func(a, b []Endpoint) bool { return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0] }
+	return same(d.From, from) && same(d.To, to)
 }
 
 // TriggerTime is when the controller saw the change that an EndpointSlice
@@ -46,6 +67,9 @@ func (t *Tracker) TakeChanges() Changes {
 		ServiceCIDRs: t.allServiceCIDRs()}
 	for name := range t.dirty {
 		ch.Ports[name] = t.current(name)
+	}
+	if len(t.deltas) > 0 {
+		ch.Deltas = t.deltas
 	}
 	for _, times := range t.triggers {
 		ch.TriggerTimes = append(ch.TriggerTimes, times...)

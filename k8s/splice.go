@@ -4,6 +4,7 @@ package k8s
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"sort"
 
@@ -28,6 +29,7 @@ func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints
 	}
 	// A new list: the old one may be the snapshot's, never modified.
 	out := slices.Clone(merged)
+	deltas := map[ServicePortName]*EndpointDelta{}
 	for i := range out {
 		sp := &out[i]
 		removed, added := changedEndpoints(portEndpoints(old, sp.Name), portEndpoints(new, sp.Name))
@@ -37,10 +39,14 @@ func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints
 		if !ok || len(eps) != t.countEndpoints(svc, sp.Name) {
 			return false
 		}
+		if len(removed)+len(added) > 0 {
+			deltas[sp.Name] = &EndpointDelta{From: sp.Endpoints, To: eps, Removed: removed, Added: added}
+		}
 		sp.Endpoints = eps
 	}
 	t.merged[svc] = out
 	t.spliced[svc] = true
+	maps.Copy(t.deltas, deltas)
 	return true
 }
 
@@ -50,6 +56,11 @@ func (t *Tracker) patchMerged(svc types.NamespacedName, old, new *SliceEndpoints
 func (t *Tracker) forgetSplices() {
 	if len(t.spliced) > 0 {
 		t.spliced = map[types.NamespacedName]bool{}
+	}
+	// Handed over by TakeChanges, or of no use after a snapshot; either way
+	// they must not hold old lists.
+	if len(t.deltas) > 0 {
+		t.deltas = map[ServicePortName]*EndpointDelta{}
 	}
 }
 

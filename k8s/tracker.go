@@ -58,7 +58,10 @@ type Tracker struct {
 	// spliced holds the services whose merged ports a slice change patched
 	// since they were last read (TakeChanges, a snapshot).
 	spliced map[types.NamespacedName]bool
-	node    *nodeEntry
+	// deltas are the splices' endpoint deltas by service port, handed
+	// over with the changes.
+	deltas map[ServicePortName]*EndpointDelta
+	node   *nodeEntry
 	// ServiceCIDR objects by name.
 	serviceCIDRs map[string]*serviceCIDREntry
 	snap         *Snapshot // nil when something changed since the last one
@@ -133,6 +136,7 @@ func NewTracker(log *zap.Logger, opts TrackerOptions) *Tracker {
 		byService: map[types.NamespacedName][]*SliceEndpoints{},
 		merged:    map[types.NamespacedName][]ServicePort{},
 		spliced:   map[types.NamespacedName]bool{},
+		deltas:    map[ServicePortName]*EndpointDelta{},
 		dirty:     map[ServicePortName]struct{}{},
 		skip:      map[ServicePortName]bool{},
 		conflicts: map[types.NamespacedName][]portConflict{},
@@ -493,7 +497,7 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		return
 	}
 	eps, errs := EndpointsFromSlice(slice)
-	if old != nil && reread(old.version, slice.ResourceVersion, old.errs, errs) && reflect.DeepEqual(old.eps, eps) {
+	if old != nil && reread(old.version, slice.ResourceVersion, old.errs, errs) && old.eps.equal(eps) {
 		return
 	}
 	b.problems = append(b.problems, errs...)
@@ -510,7 +514,7 @@ func (t *Tracker) setSlice(b *batch, slice *discoveryv1.EndpointSlice) {
 		i, _ := slices.BinarySearchFunc(list, eps.Name, func(s *SliceEndpoints, name string) int { return strings.Compare(s.Name, name) })
 		t.byService[svc] = slices.Insert(slices.Clip(list), i, eps)
 	}
-	if old == nil || !reflect.DeepEqual(old.eps, eps) {
+	if old == nil || !old.eps.equal(eps) {
 		// Once per event, although it may concern two services.
 		if eps != nil || (old != nil && old.eps != nil) {
 			t.stats.EndpointChanges++

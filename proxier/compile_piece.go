@@ -49,8 +49,8 @@ const localSlotOffset = 65536
 // the buffers given, which must have room.
 func (r *slotRun) element(i int, keys, data []m.Value) m.Element {
 	k := append(append(keys[:0:len(r.key)+1], r.key...), m.N(r.offset+uint32(i)))
-	e := r.eps.at(i)
-	d := append(data[:0:2], m.A(e.Addr), m.N(uint32(e.Port)))
+	e := r.eps.addrPort(i)
+	d := append(data[:0:2], m.A(e.Addr()), m.N(uint32(e.Port())))
 	return m.Element{Key: k, Data: d}
 }
 
@@ -77,13 +77,19 @@ type keyedElement struct {
 // piece compiles one service port: its ClusterIPs, its external
 // addresses (external IPs and load balancer IPs) and its node port.
 func (c *compiler) piece(sp *k8s.ServicePort) *piece {
+	return c.build(sp, nil)
+}
+
+// build compiles sp's piece, from its endpoints or, with pre, from its lists
+// in slot order.
+func (c *compiler) build(sp *k8s.ServicePort, pre *[2]slotList) *piece {
 	// Like kube-proxy, a family's table only serves services with a
 	// ClusterIP of that family: an external or load balancer address of the
 	// other family is not the service's business there.
 	if !c.hasFamilyAddress(sp) {
 		return &piece{}
 	}
-	b := c.newPieceBuilder(sp)
+	b := c.newPieceBuilder(sp, pre)
 	for _, ip := range sp.ClusterIPs {
 		if c.cfg.addrInFamily(ip) {
 			b.clusterIP(ip)
@@ -103,19 +109,50 @@ func (c *compiler) piece(sp *k8s.ServicePort) *piece {
 // pieceBuilder compiles the piece of one service port, one address at a
 // time.
 type pieceBuilder struct {
-	c       *compiler
-	sp      *k8s.ServicePort
-	p       *piece
-	choice  endpointChoice
+	c      *compiler
+	sp     *k8s.ServicePort
+	p      *piece
+	choice endpointChoice
+	// pre, when set, holds the cluster-wide and the local list already in
+	// slot order (a patched wide port's): nothing is chosen or ordered.
+	pre     *[2]slotList
 	proto   m.Value
 	comment string
 }
 
+// size is the length of the cluster-wide or the local endpoint list.
+func (b *pieceBuilder) size(local bool) int {
+	switch {
+	case b.pre != nil:
+		return b.pre[boolInt(local)].len()
+	case local:
+		return len(b.choice.local)
+	}
+	return len(b.choice.cluster)
+}
+
+// order puts the cluster-wide or the local list in slot order, once per
+// piece.
+func (b *pieceBuilder) order(local bool) slotList {
+	key := slotsKey{b.sp.Name, local}
+	if b.pre == nil {
+		list := b.choice.cluster
+		if local {
+			list = b.choice.local
+		}
+		return b.c.slotsOf(b.p, key, list)
+	}
+	l := b.pre[boolInt(local)]
+	if !slices.ContainsFunc(b.p.slotOrders, func(o slotOrder) bool { return o.key == key }) {
+		b.p.slotOrders = append(b.p.slotOrders, slotOrder{key: key, order: l})
+	}
+	return l
+}
+
 // newPieceBuilder returns the builder by value: it stays on the caller's
 // stack (one allocation less per service port in a full sync).
-func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) pieceBuilder {
-	b := pieceBuilder{c: c, sp: sp, p: &piece{},
-		choice:  chooseEndpoints(sp, &c.node, func(e *k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) }),
+func (c *compiler) newPieceBuilder(sp *k8s.ServicePort, pre *[2]slotList) pieceBuilder {
+	b := pieceBuilder{c: c, sp: sp, p: &piece{}, pre: pre,
 		proto:   m.N(uint32(sp.Name.Protocol.Number())),
 		comment: sp.Name.String(),
 	}
@@ -126,7 +163,10 @@ func (c *compiler) newPieceBuilder(sp *k8s.ServicePort) pieceBuilder {
 	}
 	b.p.elements = make([]keyedElement, 0, keys)
 	b.p.uses = make([]sharedObj, 0, keys)
-	b.p.hairpin = hairpinAddrs(b.choice, c.here)
+	if pre == nil {
+		b.choice = chooseEndpoints(sp, &c.node, func(e *k8s.Endpoint) bool { return c.cfg.addrInFamily(e.Addr) })
+		b.p.hairpin = hairpinAddrs(b.choice, c.here)
+	}
 	return b
 }
 
@@ -136,14 +176,14 @@ func (b *pieceBuilder) clusterIP(ip netip.Addr) {
 		b.p.clusterIPs = append(b.p.clusterIPs, ip)
 	}
 	key := []m.Value{m.A(ip), b.proto, m.N(uint32(b.sp.Port))}
-	internal := b.choice.internal(b.sp)
+	local := b.sp.InternalPolicyLocal
 	switch {
-	case len(internal) == 0:
+	case b.size(local) == 0:
 		// iTP=Local without local endpoints drops, like kube-proxy;
 		// no endpoints at all rejects.
-		b.noEndpoints(b.c.noEndpointIPs, key, b.sp.InternalPolicyLocal && len(b.choice.cluster) > 0)
+		b.noEndpoints(b.c.noEndpointIPs, key, local && b.size(false) > 0)
 	default:
-		b.shared(b.c.serviceIPs, key, clusterDispatch, b.c.endpoints, b.sp.InternalPolicyLocal, internal)
+		b.shared(b.c.serviceIPs, key, clusterDispatch, b.c.endpoints, local)
 	}
 }
 
@@ -170,12 +210,12 @@ func (b *pieceBuilder) nodePort() {
 // everything.
 func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set, kind, localKind sharedKind, targets *m.Set) {
 	switch {
-	case len(b.choice.cluster) == 0:
+	case b.size(false) == 0:
 		b.noEndpoints(noEndpointSet, key, false)
 	case b.sp.ExternalPolicyLocal:
 		b.sharedLocal(dispatchSet, key, localKind, targets)
 	default:
-		b.shared(dispatchSet, key, kind, targets, false, b.choice.cluster)
+		b.shared(dispatchSet, key, kind, targets, false)
 	}
 }
 
@@ -183,8 +223,7 @@ func (b *pieceBuilder) external(key []m.Value, dispatchSet, noEndpointSet *m.Set
 // cluster-wide and local endpoint counts; the local endpoints take the
 // slots from localSlotOffset under the same key.
 func (b *pieceBuilder) sharedLocal(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set) {
-	cluster := b.c.slotsOf(b.p, slotsKey{b.sp.Name, false}, b.choice.cluster)
-	local := b.c.slotsOf(b.p, slotsKey{b.sp.Name, true}, b.choice.local)
+	cluster, local := b.order(false), b.order(true)
 	obj := sharedObj{kind: kind, n: cluster.len(), local: local.len(), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)
@@ -209,10 +248,10 @@ func (b *pieceBuilder) dispatch(set *m.Set, key []m.Value, chain string) {
 	b.p.elements = append(b.p.elements, keyedElement{set, m.Element{Key: key, Comment: b.comment, Verdict: b.c.gotoVerdict(chain)}})
 }
 
-// shared dispatches through the chain of kind for len(eps) endpoints and
-// puts endpoint i into slot i of the map targets.
-func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool, eps []k8s.Endpoint) {
-	order := b.c.slotsOf(b.p, slotsKey{b.sp.Name, local}, eps)
+// shared dispatches through the chain of kind for the cluster-wide or the
+// local endpoints and puts the one in slot i into slot i of the map targets.
+func (b *pieceBuilder) shared(set *m.Set, key []m.Value, kind sharedKind, targets *m.Set, local bool) {
+	order := b.order(local)
 	obj := sharedObj{kind: kind, n: order.len(), affinity: b.sp.AffinityTimeout > 0}
 	b.dispatch(set, key, b.c.sharedChainName(obj))
 	b.p.uses = append(b.p.uses, obj)

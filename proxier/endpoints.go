@@ -13,14 +13,6 @@ type endpointChoice struct {
 	local   []k8s.Endpoint // usable endpoints on this node
 }
 
-// internal is where in-cluster traffic (to ClusterIPs) goes.
-func (e endpointChoice) internal(sp *k8s.ServicePort) []k8s.Endpoint {
-	if sp.InternalPolicyLocal {
-		return e.local
-	}
-	return e.cluster
-}
-
 // chooseEndpoints picks the endpoints of the compiled family: ready ones,
 // or, when none is ready, serving ones that are terminating (separately for
 // the cluster-wide and the local choice). Topology hints narrow the cluster

@@ -54,6 +54,9 @@ func (s *incremental) takePrune() *affinityPrune {
 type compiledPiece struct {
 	sp *k8s.ServicePort
 	p  *piece
+	// w, once an endpoint delta patched the piece (patch.go), is what the
+	// next one patches; p's hairpin list is then not whole.
+	w *wideLists
 }
 
 // keptFromEndpoints is the endpoint count from which a service port's applied
@@ -63,7 +66,7 @@ var keptFromEndpoints = 64
 // keep notes p as sp's applied piece when sp is wide.
 func (s *incremental) keep(sp *k8s.ServicePort, p *piece) {
 	if len(sp.Endpoints) >= keptFromEndpoints {
-		s.wide[sp.Name] = compiledPiece{sp, p}
+		s.wide[sp.Name] = compiledPiece{sp: sp, p: p}
 	}
 }
 
@@ -202,9 +205,12 @@ func (s *incremental) update(node k8s.Node, serviceCIDRs []netip.Prefix, ports [
 	}
 	d := newDelta(s)
 	for _, pc := range ports {
+		if pc.delta != nil && s.patch(d, pc) {
+			continue
+		}
 		var before, after *piece
 		if pc.old != nil {
-			if kept, ok := s.wide[pc.old.Name]; ok && kept.sp == pc.old {
+			if kept, ok := s.wide[pc.old.Name]; ok && kept.sp == pc.old && kept.w == nil {
 				before = kept.p
 			} else {
 				before = s.c.piece(pc.old)
@@ -334,10 +340,6 @@ func symmetricDifference(a, b []netip.Addr) (onlyA, onlyB []netip.Addr) {
 // runs of the same key compare slot by slot, so an endpoint replaced in a
 // wide service costs its slot, not a compiled element per endpoint.
 func (d *delta) replaceRuns(old, new []slotRun) {
-	// A key's runs differ by their offset, which the key's last part holds.
-	runKey := func(r slotRun) elementKey {
-		return keyOf(keyedElement{r.set, m.Element{Key: append(slices.Clip(r.key), m.N(r.offset))}})
-	}
 	oldAt := make(map[elementKey]int, len(old))
 	for i, o := range old {
 		oldAt[runKey(o)] = i
@@ -370,6 +372,30 @@ func (d *delta) replaceRuns(old, new []slotRun) {
 			all(o, d.del)
 		}
 	}
+}
+
+// runKey identifies a run: its map and key; a key's runs differ by their
+// offset, which the key's last part holds.
+func runKey(r slotRun) elementKey {
+	return keyOf(keyedElement{r.set, m.Element{Key: append(slices.Clip(r.key), m.N(r.offset))}})
+}
+
+// matchRuns returns, for each run of old, the index of new's run of the
+// same key; -1 when there is none.
+func matchRuns(old, new []slotRun) []int {
+	at := make(map[elementKey]int, len(new))
+	for i, r := range new {
+		at[runKey(r)] = i
+	}
+	out := make([]int, len(old))
+	for i, r := range old {
+		j, ok := at[runKey(r)]
+		if !ok {
+			j = -1
+		}
+		out[i] = j
+	}
+	return out
 }
 
 // remember notes the reference counts before the update of what p refers to.

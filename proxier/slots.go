@@ -35,27 +35,37 @@ type slotOrder struct {
 }
 
 // sorted tells whether the order is the snapshot's own.
-func (o slotOrder) sorted() bool { return o.order.perm == nil }
+func (o slotOrder) sorted() bool { return o.order.perm == nil && o.order.tab == nil }
 
 // slotList is endpoints in slot order: eps as they are, or, with perm,
 // eps[perm[slot]] in each slot. A reordering costs a permutation, not a
 // copy of every endpoint (they are large, and a wide service has thousands).
+// A wide list patched by an endpoint delta is instead its first n slots of
+// tab, which the incremental state changes in place (patch.go).
 type slotList struct {
 	eps  []k8s.Endpoint
 	perm []int32 // nil: eps's own order
+	tab  *slotTable
+	n    int // with tab: the list's length
 }
 
-func (l slotList) len() int { return len(l.eps) }
-
-// at is the endpoint in slot i.
-func (l slotList) at(i int) *k8s.Endpoint {
-	if l.perm != nil {
-		return &l.eps[l.perm[i]]
+func (l slotList) len() int {
+	if l.tab != nil {
+		return l.n
 	}
-	return &l.eps[i]
+	return len(l.eps)
 }
 
-func (l slotList) addrPort(i int) netip.AddrPort { return addrPort(l.at(i)) }
+// addrPort is the endpoint in slot i.
+func (l slotList) addrPort(i int) netip.AddrPort {
+	switch {
+	case l.tab != nil:
+		return l.tab.keys[i]
+	case l.perm != nil:
+		return addrPort(&l.eps[l.perm[i]])
+	}
+	return addrPort(&l.eps[i])
+}
 
 func addrPort(e *k8s.Endpoint) netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 

@@ -402,10 +402,16 @@ func (p *Proxier) SyncChanges(ctx context.Context, ch k8s.Changes) error {
 	p.compared = len(ch.Ports)
 	for name, sp := range ch.Ports {
 		old := p.ports[name]
+		// A delta from the list applied to the new one is a change that
+		// needs no comparing, and what patches a wide port (patch.go).
+		var d *k8s.EndpointDelta
+		if dl := ch.Deltas[name]; old != nil && sp != nil && dl != nil && dl.Leads(old.Endpoints, sp.Endpoints) {
+			d = dl
+		}
 		switch {
 		case old == nil && sp == nil:
-		case old == nil || sp == nil || !sameServicePort(old, sp):
-			in.ports = append(in.ports, portChange{old: old, new: sp})
+		case d != nil || old == nil || sp == nil || !sameServicePort(old, sp):
+			in.ports = append(in.ports, portChange{old: old, new: sp, delta: d})
 		}
 	}
 	// In name order, as a walk of two snapshots would find them: the
@@ -729,8 +735,12 @@ func (p *Proxier) cleanFlows(ctx context.Context, in *syncInput) {
 }
 
 // portChange is a service port that differs between two snapshots: old is
-// nil for an added one, new for a removed one.
-type portChange struct{ old, new *k8s.ServicePort }
+// nil for an added one, new for a removed one. delta, when set, takes old's
+// endpoints to new's.
+type portChange struct {
+	old, new *k8s.ServicePort
+	delta    *k8s.EndpointDelta
+}
 
 // name is the service port's name.
 func (pc portChange) name() k8s.ServicePortName {
@@ -756,7 +766,7 @@ func countChanges(ports []portChange) (services, endpoints int) {
 			if !sameServiceFields(pc.old, pc.new) {
 				services++
 			}
-			if !sameEndpoints(pc.old.Endpoints, pc.new.Endpoints) {
+			if pc.delta != nil || !sameEndpoints(pc.old.Endpoints, pc.new.Endpoints) {
 				endpoints++
 			}
 		}
