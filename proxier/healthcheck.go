@@ -30,6 +30,11 @@ type HealthChecks struct {
 
 	mu      sync.Mutex
 	servers map[uint16]*hcServer
+	// What the last Update and the Changes since asked for, the node they
+	// counted for, and where the servers listen (nil: not listed yet).
+	wants map[uint16]*hcWant
+	node  k8s.Node
+	addrs []netip.Addr
 }
 
 // HealthCheckOptions say where the servers listen: on the NodePort
@@ -66,7 +71,7 @@ func NewHealthChecks(log *zap.Logger, health *Health, opts HealthCheckOptions) *
 			return net.Listen(network, addr.String())
 		}
 	}
-	return &HealthChecks{log: log, health: health, opts: opts, servers: map[uint16]*hcServer{}}
+	return &HealthChecks{log: log, health: health, opts: opts, servers: map[uint16]*hcServer{}, wants: map[uint16]*hcWant{}}
 }
 
 // listenAddrs are the addresses the servers listen on, as kube-proxy
@@ -120,67 +125,149 @@ func listenAddrs(cfgs []Config, node *k8s.Node, local []netip.Addr) []netip.Addr
 // Update opens and closes servers to match snap, and updates the counts of
 // local endpoints they report.
 func (h *HealthChecks) Update(snap *k8s.Snapshot) {
-	type want struct {
-		namespace, name string
-		local           map[netip.Addr]bool
-	}
-	wanted := map[uint16]*want{}
+	wants := map[uint16]*hcWant{}
 	for i := range snap.Services {
-		sp := &snap.Services[i]
-		if !sp.ExternalPolicyLocal || sp.HealthCheckNodePort == 0 {
-			continue
-		}
-		w := wanted[sp.HealthCheckNodePort]
-		if w == nil {
-			w = &want{namespace: sp.Name.Namespace, name: sp.Name.Name, local: map[netip.Addr]bool{}}
-			wanted[sp.HealthCheckNodePort] = w
-		}
-		// Like kube-proxy: distinct local addresses that are ready, so a
-		// node whose pods are all terminating drains (503).
-		for _, e := range sp.Endpoints {
-			if e.Ready && snap.Node.Name != "" && e.NodeName == snap.Node.Name {
-				w.local[e.Addr] = true
-			}
-		}
+		addWant(wants, &snap.Services[i], snap.Node.Name, snap.Services[i].Endpoints, 1)
 	}
 	var addrs []netip.Addr
-	if len(wanted) > 0 {
-		var local []netip.Addr
-		if h.opts.LocalAddrs != nil {
-			var err error
-			if local, err = h.opts.LocalAddrs(); err != nil {
-				h.log.Error("Listing local addresses failed; health check node ports listen on every address", zap.Error(err))
-			}
-		}
-		addrs = listenAddrs(h.opts.Configs, &snap.Node, local)
+	if len(wants) > 0 {
+		addrs = h.listenAddrs(&snap.Node)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.wants, h.node, h.addrs = wants, snap.Node, addrs
 	for port, s := range h.servers {
-		if wanted[port] == nil || !slices.Equal(s.addrs, listenAddrPorts(addrs, port)) {
+		if wants[port] == nil || !slices.Equal(s.addrs, listenAddrPorts(addrs, port)) {
 			s.close()
 			delete(h.servers, port)
 		}
 	}
-	for port, w := range wanted {
-		s := h.servers[port]
-		if s == nil {
-			var err error
-			if s, err = h.serve(port, addrs); err != nil {
-				// Retried on the next update; the rules don't depend on it.
-				if h.opts.BindFailures != nil {
-					h.opts.BindFailures.Inc()
-				}
-				h.log.Error("Cannot serve health check node port", zap.Uint16("port", port),
-					zap.String("service", w.namespace+"/"+w.name), zap.Error(err))
-				continue
-			}
-			h.servers[port] = s
-		}
-		s.mu.Lock()
-		s.namespace, s.name, s.localEndpoints = w.namespace, w.name, len(w.local)
-		s.mu.Unlock()
+	for port := range wants {
+		h.reconcile(port)
 	}
+}
+
+// Change brings the servers along the changed service ports of a delta
+// sync on the node of the last Update (the caller updates in full when the
+// node changed): only the health check node ports they use are looked at,
+// and an endpoint delta counts only the endpoints that changed.
+func (h *HealthChecks) Change(ports []portChange) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	touched := map[uint16]bool{}
+	for _, pc := range ports {
+		old, new := healthPort(pc.old), healthPort(pc.new)
+		if w := h.wants[old]; pc.delta != nil && old != 0 && old == new && w != nil {
+			countLocal(w, h.node.Name, pc.delta.Removed, -1)
+			countLocal(w, h.node.Name, pc.delta.Added, 1)
+			touched[old] = true
+			continue
+		}
+		if old != 0 {
+			addWant(h.wants, pc.old, h.node.Name, pc.old.Endpoints, -1)
+			touched[old] = true
+		}
+		if new != 0 {
+			addWant(h.wants, pc.new, h.node.Name, pc.new.Endpoints, 1)
+			touched[new] = true
+		}
+	}
+	for port := range touched {
+		if h.wants[port] != nil && h.addrs == nil {
+			h.addrs = h.listenAddrs(&h.node)
+		}
+		h.reconcile(port)
+	}
+}
+
+// hcWant is what the service ports using one health check node port ask of
+// its server.
+type hcWant struct {
+	namespace, name string
+	users           int // service ports
+	// Like kube-proxy: distinct local addresses that are ready, so a node
+	// whose pods are all terminating drains (503). Counted by the endpoints
+	// of the users that have each.
+	local map[netip.Addr]int
+}
+
+// healthPort is the health check node port sp uses; 0: none (sp nil, or
+// not externalTrafficPolicy Local).
+func healthPort(sp *k8s.ServicePort) uint16 {
+	if sp == nil || !sp.ExternalPolicyLocal {
+		return 0
+	}
+	return sp.HealthCheckNodePort
+}
+
+// addWant counts sp in (sign 1) or out (sign -1) of wants, with eps, its
+// endpoints, counted for node.
+func addWant(wants map[uint16]*hcWant, sp *k8s.ServicePort, node string, eps []k8s.Endpoint, sign int) {
+	port := healthPort(sp)
+	if port == 0 {
+		return
+	}
+	w := wants[port]
+	if w == nil {
+		w = &hcWant{namespace: sp.Name.Namespace, name: sp.Name.Name, local: map[netip.Addr]int{}}
+		wants[port] = w
+	}
+	w.users += sign
+	countLocal(w, node, eps, sign)
+	if w.users == 0 {
+		delete(wants, port)
+	}
+}
+
+func countLocal(w *hcWant, node string, eps []k8s.Endpoint, sign int) {
+	for i := range eps {
+		if e := &eps[i]; e.Ready && node != "" && e.NodeName == node {
+			if w.local[e.Addr] += sign; w.local[e.Addr] == 0 {
+				delete(w.local, e.Addr)
+			}
+		}
+	}
+}
+
+// listenAddrs lists where the servers listen on node.
+func (h *HealthChecks) listenAddrs(node *k8s.Node) []netip.Addr {
+	var local []netip.Addr
+	if h.opts.LocalAddrs != nil {
+		var err error
+		if local, err = h.opts.LocalAddrs(); err != nil {
+			h.log.Error("Listing local addresses failed; health check node ports listen on every address", zap.Error(err))
+		}
+	}
+	return listenAddrs(h.opts.Configs, node, local)
+}
+
+// reconcile opens or closes port's server as its want says, and sets what
+// it reports; h.mu is held.
+func (h *HealthChecks) reconcile(port uint16) {
+	w, s := h.wants[port], h.servers[port]
+	if w == nil {
+		if s != nil {
+			s.close()
+			delete(h.servers, port)
+		}
+		return
+	}
+	if s == nil {
+		var err error
+		if s, err = h.serve(port, h.addrs); err != nil {
+			// Retried on the next update; the rules don't depend on it.
+			if h.opts.BindFailures != nil {
+				h.opts.BindFailures.Inc()
+			}
+			h.log.Error("Cannot serve health check node port", zap.Uint16("port", port),
+				zap.String("service", w.namespace+"/"+w.name), zap.Error(err))
+			return
+		}
+		h.servers[port] = s
+	}
+	s.mu.Lock()
+	s.namespace, s.name, s.localEndpoints = w.namespace, w.name, len(w.local)
+	s.mu.Unlock()
 }
 
 // serve listens on port of every address, all or none.

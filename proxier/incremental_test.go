@@ -76,6 +76,9 @@ func (g *randomSnapshots) service(i int) k8s.ServicePort {
 		}
 	}
 	sp.ExternalPolicyLocal = r.IntN(4) == 0
+	if sp.ExternalPolicyLocal && r.IntN(2) == 0 {
+		sp.HealthCheckNodePort = uint16(31000 + i)
+	}
 	sp.InternalPolicyLocal = r.IntN(6) == 0
 	if r.IntN(4) == 0 {
 		sp.AffinityTimeout = 3 * time.Hour

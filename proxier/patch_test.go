@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,18 +42,23 @@ func TestPatchedMatchesCompiled(t *testing.T) {
 			node = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}},
 				Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.168.1.1"}}}}
 		}
-		slices := make([]*discoveryv1.EndpointSlice, 4)
-		for i := range slices {
-			slices[i] = patchSlice(i)
+		sls := make([]*discoveryv1.EndpointSlice, 4)
+		for i := range sls {
+			sls[i] = patchSlice(i)
 			for range r.IntN([]int{30, 30, 8, 30}[seed%4]) {
-				slices[i].Endpoints = append(slices[i].Endpoints, patchEndpoint(r, i, false))
+				sls[i].Endpoints = append(sls[i].Endpoints, patchEndpoint(r, i, false))
 			}
 		}
-		tr.ReplaceAll([]*v1.Service{patchService(seed)}, slices, node)
+		tr.ReplaceAll([]*v1.Service{patchService(seed)}, sls, node)
 		kernels := [2]*modelKernel{{t: t, tables: map[m.Family]*m.Ruleset{}}, {t: t, tables: map[m.Family]*m.Ruleset{}}}
 		var ps [2]*Proxier
+		var hcs [3]*HealthChecks // the proxiers', and one updated from snapshots
+		for i := range hcs {
+			hcs[i] = NewHealthChecks(zap.NewNop(), NewHealth(60e9), HealthCheckOptions{Listen: idleListen})
+			defer hcs[i].Close()
+		}
 		for i := range ps {
-			ps[i] = New(Options{Configs: incrementalConfigs, Kernel: kernels[i]})
+			ps[i] = New(Options{Configs: incrementalConfigs, Kernel: kernels[i], HealthChecks: hcs[i]})
 		}
 		tr.TakeChanges()
 		snap := tr.Snapshot()
@@ -63,9 +71,9 @@ func TestPatchedMatchesCompiled(t *testing.T) {
 			// Now and then two slices change before a hand-over: the
 			// second change is merged, not spliced.
 			for range 1 + r.IntN(8)/7 {
-				i := r.IntN(len(slices))
-				slices[i] = mutateSlice(r, slices[i], i, seed%4 == 2 && step >= 20)
-				tr.SetSlice(slices[i])
+				i := r.IntN(len(sls))
+				sls[i] = mutateSlice(r, sls[i], i, seed%4 == 2 && step >= 20)
+				tr.SetSlice(sls[i])
 			}
 			ch := tr.TakeChanges()
 			if err := ps[0].SyncChanges(context.Background(), ch); err != nil {
@@ -76,6 +84,12 @@ func TestPatchedMatchesCompiled(t *testing.T) {
 				t.Fatal(err)
 			}
 			snap := tr.Snapshot()
+			hcs[2].Update(snap)
+			for i := range ps {
+				if got, want := serving(hcs[i]), serving(hcs[2]); !slices.Equal(got, want) {
+					t.Fatalf("seed %d step %d: proxier %d's health check servers %v, want %v", seed, step, i, got, want)
+				}
+			}
 			for _, cfg := range incrementalConfigs {
 				got, compiled := normalRender(kernels[0].tables[cfg.Family]), normalRender(kernels[1].tables[cfg.Family])
 				if diff := gocmp.Diff(compiled, got); diff != "" {
@@ -110,8 +124,10 @@ func patchService(seed uint64) *v1.Service {
 		s.Spec.Type = v1.ServiceTypeNodePort
 		s.Spec.Ports[0].NodePort, s.Spec.Ports[1].NodePort = 30080, 30090
 		if seed%8 >= 6 {
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			s.Spec.HealthCheckNodePort = 31000
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.168.50.10"}}
 		}
 	}
 	if seed%5 == 1 {
@@ -243,3 +259,32 @@ func TestPlanSlotsIsNextSlots(t *testing.T) {
 		prev, cur = want, next
 	}
 }
+
+// serving lists what h's servers report, by port.
+func serving(h *HealthChecks) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for port, s := range h.servers {
+		s.mu.Lock()
+		out = append(out, fmt.Sprintf("%d %s/%s %d", port, s.namespace, s.name, s.localEndpoints))
+		s.mu.Unlock()
+	}
+	slices.Sort(out)
+	return out
+}
+
+// idleListen opens a listener that accepts nothing, for servers that are
+// only counted.
+func idleListen(string, netip.AddrPort) (net.Listener, error) {
+	return &idleListener{done: make(chan struct{})}, nil
+}
+
+type idleListener struct {
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *idleListener) Accept() (net.Conn, error) { <-l.done; return nil, net.ErrClosed }
+func (l *idleListener) Close() error              { l.once.Do(func() { close(l.done) }); return nil }
+func (l *idleListener) Addr() net.Addr            { return &net.TCPAddr{} }

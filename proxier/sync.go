@@ -501,8 +501,13 @@ func (p *Proxier) sync(ctx context.Context, in syncInput) error {
 	log.Info("Synced", zap.Bool("full", in.full), zap.Duration("took", elapsed),
 		zap.Int("serviceChanges", serviceChanges), zap.Int("endpointChanges", endpointChanges))
 	// The servers listen on the node's addresses: a node change may move them.
-	if p.opts.HealthChecks != nil && (in.full || p.ports == nil || healthChecksChanged(in.ports) || !reflect.DeepEqual(p.node, in.node)) {
-		p.opts.HealthChecks.Update(in.snapshot(p.ports))
+	switch hc := p.opts.HealthChecks; {
+	case hc == nil:
+	case in.full || p.ports == nil || !reflect.DeepEqual(p.node, in.node):
+		hc.Update(in.snapshot(p.ports))
+	case healthChecksChanged(in.ports):
+		// The ports that changed, not a snapshot of every service.
+		hc.Change(in.ports)
 	}
 	if p.opts.Flows != nil {
 		p.cleanFlows(ctx, &in)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
@@ -234,7 +235,13 @@ func TestSyncChangesMatchesCompile(t *testing.T) {
 		wideFrom = []int{64, 2}[seed/2%2] // and every other pair crosses the wide maps' threshold
 		g := newRandomSnapshots(seed)
 		k := &modelKernel{t: t, tables: map[m.Family]*m.Ruleset{}}
-		p := New(Options{Configs: incrementalConfigs, Kernel: k})
+		// The health check servers follow the changed ports as a full
+		// update follows the snapshot.
+		hc, ref := NewHealthChecks(zap.NewNop(), NewHealth(60e9), HealthCheckOptions{Listen: idleListen}),
+			NewHealthChecks(zap.NewNop(), NewHealth(60e9), HealthCheckOptions{Listen: idleListen})
+		defer hc.Close()
+		defer ref.Close()
+		p := New(Options{Configs: incrementalConfigs, Kernel: k, HealthChecks: hc})
 		snap := g.next()
 		if err := p.Sync(context.Background(), snap, true); err != nil {
 			t.Fatal(err)
@@ -245,6 +252,10 @@ func TestSyncChangesMatchesCompile(t *testing.T) {
 			ch := changesBetween(prev, snap)
 			if err := p.SyncChanges(context.Background(), ch); err != nil {
 				t.Fatal(err)
+			}
+			ref.Update(snap)
+			if got, want := serving(hc), serving(ref); !slices.Equal(got, want) {
+				t.Fatalf("seed %d step %d: health check servers %v, want %v", seed, step, got, want)
 			}
 			if p.compared != len(ch.Ports) {
 				t.Fatalf("seed %d step %d: compared %d ports, %d were handed over", seed, step, p.compared, len(ch.Ports))
