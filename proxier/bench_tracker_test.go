@@ -3,6 +3,8 @@ package proxier_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -339,4 +341,46 @@ func kernelSteps(b *testing.B, services []*v1.Service, slices []*discoveryv1.End
 		i++
 	}
 	meter.report(b)
+}
+
+// BenchmarkHealthCheckedEndpoint is BenchmarkTrackerSync's endpoint change
+// (the daemon's way) in a load balancer service with
+// externalTrafficPolicy Local, whose health check node port server (on
+// loopback) follows its local endpoints: that change must not cost a walk
+// of every service either.
+func BenchmarkHealthCheckedEndpoint(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			var services []*v1.Service
+			var slices []*discoveryv1.EndpointSlice
+			for i := range n {
+				services = append(services, trackerService(i))
+				slices = append(slices, trackerSlice(i, uint32(3*i+3)))
+			}
+			lb := services[n/2]
+			lb.Spec.Type, lb.Spec.ExternalTrafficPolicy, lb.Spec.HealthCheckNodePort = v1.ServiceTypeLoadBalancer, v1.ServiceExternalTrafficPolicyLocal, 32000
+			lb.Spec.Ports[0].NodePort = 31999
+			lb.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.168.50.10"}}
+			tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+			tr.ReplaceAll(services, slices, nil)
+			hc := proxier.NewHealthChecks(nil, proxier.NewHealth(60e9), proxier.HealthCheckOptions{
+				Listen: func(string, netip.AddrPort) (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }})
+			defer hc.Close()
+			var k nopKernel
+			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k, HealthChecks: hc})
+			tr.TakeChanges()
+			if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				tr.SetSlice(trackerSlice(n/2, uint32(1<<20+i%2)))
+				if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
 }
