@@ -20,10 +20,29 @@ func noLocalOf(sp *k8s.ServicePort, node *k8s.Node, cfg Config) noLocal {
 		return noLocal{}
 	}
 	choice := chooseEndpoints(sp, node, func(e *k8s.Endpoint) bool { return cfg.addrInFamily(e.Addr) })
-	if len(choice.cluster) == 0 || len(choice.local) > 0 {
+	return noLocalFrom(sp, len(choice.cluster), len(choice.local))
+}
+
+// noLocalFrom decides it from the lengths of a port's endpoint lists.
+func noLocalFrom(sp *k8s.ServicePort, cluster, local int) noLocal {
+	if cluster == 0 || local > 0 {
 		return noLocal{}
 	}
 	return noLocal{internal: sp.InternalPolicyLocal, external: sp.ExternalPolicyLocal}
+}
+
+// patchedNoLocal decides it for a port that state's last update patched,
+// from its lists' lengths (no choosing of thousands of endpoints); false
+// when the port was not patched.
+func patchedNoLocal(state *incremental, sp *k8s.ServicePort, cfg Config) (noLocal, bool) {
+	if state == nil || !sp.InternalPolicyLocal && !sp.ExternalPolicyLocal || !slices.ContainsFunc(sp.ClusterIPs, cfg.addrInFamily) {
+		return noLocal{}, false
+	}
+	kept, ok := state.wide[sp.Name]
+	if !ok || kept.sp != sp || kept.w == nil {
+		return noLocal{}, false
+	}
+	return noLocalFrom(sp, len(kept.w.tabs[0].keys), len(kept.w.tabs[1].keys)), true
 }
 
 // noLocalCounts keeps the counts of one family along the syncs, at the

@@ -91,6 +91,15 @@ func TestPatchedMatchesCompiled(t *testing.T) {
 				}
 			}
 			for _, cfg := range incrementalConfigs {
+				var wantNL noLocalCounts
+				for i := range snap.Services {
+					wantNL.set(snap.Services[i].Name, noLocalOf(&snap.Services[i], &snap.Node, cfg))
+				}
+				for i := range ps {
+					if got := ps[i].noLocal[cfg.Family]; got.internal != wantNL.internal || got.external != wantNL.external {
+						t.Fatalf("seed %d step %d %s: proxier %d counts %+v ports without local endpoints, want %+v", seed, step, cfg.Family, i, *got, wantNL)
+					}
+				}
 				got, compiled := normalRender(kernels[0].tables[cfg.Family]), normalRender(kernels[1].tables[cfg.Family])
 				if diff := gocmp.Diff(compiled, got); diff != "" {
 					t.Fatalf("seed %d step %d %s: patched tables differ from compiled ones (-compiled +patched):\n%s", seed, step, cfg.Family, diff)

@@ -623,7 +623,10 @@ func (p *Proxier) countNoLocal(in *syncInput) {
 		for _, pc := range in.ports {
 			var v noLocal
 			if pc.new != nil {
-				v = noLocalOf(pc.new, &in.node, cfg)
+				var ok bool
+				if v, ok = patchedNoLocal(p.applied[cfg.Family], pc.new, cfg); !ok {
+					v = noLocalOf(pc.new, &in.node, cfg)
+				}
 			}
 			c.set(pc.name(), v)
 		}
