@@ -18,12 +18,20 @@ type slotTable struct {
 }
 
 func newSlotTable(l slotList) *slotTable {
-	t := &slotTable{keys: make([]netip.AddrPort, l.len()), at: make(map[netip.AddrPort]int32, l.len())}
+	t := &slotTable{keys: make([]netip.AddrPort, l.len())}
 	for i := range t.keys {
 		t.keys[i] = l.addrPort(i)
-		t.at[t.keys[i]] = int32(i)
 	}
+	t.index()
 	return t
+}
+
+// index makes the slot of each key.
+func (t *slotTable) index() {
+	t.at = make(map[netip.AddrPort]int32, len(t.keys))
+	for i, k := range t.keys {
+		t.at[k] = int32(i)
+	}
 }
 
 // wideLists is what a delta patches of a wide port, besides its piece: both
@@ -85,35 +93,39 @@ func (c choiceCounts) sameChoice(o choiceCounts) bool {
 // its endpoints are not picked the plain way (or the piece does not hold
 // what they make, which would be a bug).
 func (s *incremental) newWideLists(sp *k8s.ServicePort, p *piece) *wideLists {
-	w := &wideLists{hairpin: map[netip.Addr]int{}}
+	w := &wideLists{}
 	w.counts.add(s.c, sp.Endpoints, 1)
 	if w.counts.hinted > 0 {
 		return nil
 	}
 	in := w.counts.lists(s.c)
-	var members [2][]k8s.Endpoint
-	for i := range sp.Endpoints {
-		e := &sp.Endpoints[i]
+	w.hairpin = make(map[netip.Addr]int, len(sp.Endpoints))
+	for i, local := range []bool{false, true} {
+		j := slices.IndexFunc(p.slotOrders, func(o slotOrder) bool { return o.key == slotsKey{sp.Name, local} })
+		if j >= 0 {
+			w.tabs[i] = newSlotTable(p.slotOrders[j].order)
+			continue
+		}
+		// Not ordered by the piece (empty, or not used): the sorted order.
+		w.tabs[i] = &slotTable{}
+		for k := range sp.Endpoints {
+			if e := &sp.Endpoints[k]; in[i](e) {
+				w.tabs[i].keys = append(w.tabs[i].keys, addrPort(e))
+			}
+		}
+		w.tabs[i].index()
+	}
+	n := [2]int{}
+	for k := range sp.Endpoints {
+		e := &sp.Endpoints[k]
 		c, l := in[0](e), in[1](e)
-		if c {
-			members[0] = append(members[0], *e)
-		}
-		if l {
-			members[1] = append(members[1], *e)
-		}
+		n[0], n[1] = n[0]+boolInt(c), n[1]+boolInt(l)
 		if (c || l) && s.c.here(e) {
 			w.hairpin[e.Addr]++
 		}
 	}
-	for i, local := range []bool{false, true} {
-		l := slotList{eps: members[i]}
-		if j := slices.IndexFunc(p.slotOrders, func(o slotOrder) bool { return o.key == slotsKey{sp.Name, local} }); j >= 0 {
-			l = p.slotOrders[j].order
-		}
-		if l.len() != len(members[i]) {
-			return nil
-		}
-		w.tabs[i] = newSlotTable(l)
+	if n[0] != len(w.tabs[0].keys) || n[1] != len(w.tabs[1].keys) {
+		return nil
 	}
 	return w
 }
