@@ -83,11 +83,7 @@ func BenchmarkTrackerSync(b *testing.B) {
 					tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
 					tr.ReplaceAll(services, slices, nil)
 					var k nopKernel
-					p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k})
-					tr.TakeChanges()
-					if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
-						b.Fatal(err)
-					}
+					p := syncedProxier(b, tr, proxier.Options{Kernel: &k})
 					b.ReportAllocs()
 					i := 0
 					for b.Loop() {
@@ -366,12 +362,7 @@ func BenchmarkHealthCheckedEndpoint(b *testing.B) {
 			hc := proxier.NewHealthChecks(nil, proxier.NewHealth(60e9), proxier.HealthCheckOptions{
 				Listen: func(string, netip.AddrPort) (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }})
 			defer hc.Close()
-			var k nopKernel
-			p := proxier.New(proxier.Options{Configs: []proxier.Config{benchConfig}, Kernel: &k, HealthChecks: hc})
-			tr.TakeChanges()
-			if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
-				b.Fatal(err)
-			}
+			p := syncedProxier(b, tr, proxier.Options{Kernel: &nopKernel{}, HealthChecks: hc})
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -383,4 +374,16 @@ func BenchmarkHealthCheckedEndpoint(b *testing.B) {
 			}
 		})
 	}
+}
+
+// syncedProxier is a proxier of benchConfig with opts that has synced the
+// tracker's state in full, its changes taken.
+func syncedProxier(b *testing.B, tr *k8s.Tracker, opts proxier.Options) *proxier.Proxier {
+	opts.Configs = []proxier.Config{benchConfig}
+	p := proxier.New(opts)
+	tr.TakeChanges()
+	if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+		b.Fatal(err)
+	}
+	return p
 }

@@ -264,7 +264,7 @@ func (s *incremental) patch(d *delta, pc portChange) bool {
 		}
 	}
 	// Decided: from here on the state moves.
-	kept.w, w.counts = w, counts
+	w.counts = counts
 	before := kept.p
 	pre := [2]slotList{}
 	for i := range pre {
