@@ -387,3 +387,34 @@ func syncedProxier(b *testing.B, tr *k8s.Tracker, opts proxier.Options) *proxier
 	}
 	return p
 }
+
+// BenchmarkTrackerWideFirstChange is BenchmarkTrackerWideEndpoint's change
+// made first after a full sync, as the peers phase makes it: the cost of a
+// wide port's first patch, which has no lists of an earlier patch to start
+// from.
+func BenchmarkTrackerWideFirstChange(b *testing.B) {
+	tr := k8s.NewTracker(nil, k8s.TrackerOptions{FallbackNode: k8s.Node{Name: "node-1"}})
+	var slices []*discoveryv1.EndpointSlice
+	for s := range 50 {
+		slices = append(slices, wideSlice(s, false))
+	}
+	tr.ReplaceAll([]*v1.Service{trackerService(0)}, slices, nil)
+	var k nopKernel
+	p := syncedProxier(b, tr, proxier.Options{Kernel: &k})
+	steps := [2]*discoveryv1.EndpointSlice{wideSlice(25, true), wideSlice(25, false)}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		tr.TakeChanges()
+		if err := p.Sync(context.Background(), tr.Snapshot(), true); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		tr.SetSlice(steps[i%2])
+		if err := p.SyncChanges(context.Background(), tr.TakeChanges()); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

@@ -5,42 +5,60 @@ package proxier
 import (
 	"net/netip"
 	"slices"
+	"sort"
 
 	"github.com/nftproxy/nftproxy/k8s"
 	m "github.com/nftproxy/nftproxy/nftmodel"
 )
 
 // slotTable is the slot order of a wide port's endpoint list that endpoint
-// deltas patch in place: the endpoint in each slot and each one's slot.
+// deltas patch in place: the endpoint in each slot, and the slots sorted by
+// their endpoint, which finds an endpoint's slot by binary search. Made from
+// a compiled list, the second is the inverse of its permutation: no map,
+// no sort.
 type slotTable struct {
-	keys []netip.AddrPort
-	at   map[netip.AddrPort]int32
+	keys  []netip.AddrPort
+	bykey []int32
+	spare []int32 // bykey's next version is built here
 }
 
 func newSlotTable(l slotList) *slotTable {
-	t := &slotTable{keys: make([]netip.AddrPort, l.len())}
+	n := l.len()
+	t := &slotTable{keys: make([]netip.AddrPort, n), bykey: make([]int32, n)}
 	for i := range t.keys {
 		t.keys[i] = l.addrPort(i)
 	}
-	t.index()
+	for slot := range t.bykey {
+		t.bykey[slot] = int32(slot)
+	}
+	if l.tab == nil && l.perm != nil {
+		for slot, i := range l.perm {
+			t.bykey[i] = int32(slot)
+		}
+	}
+	// The list's endpoints are sorted as the tracker hands them over; any
+	// other order is sorted here.
+	for i := 1; i < n; i++ {
+		if t.keys[t.bykey[i-1]].Compare(t.keys[t.bykey[i]]) >= 0 {
+			slices.SortFunc(t.bykey, func(a, b int32) int { return t.keys[a].Compare(t.keys[b]) })
+			break
+		}
+	}
 	return t
 }
 
-// index makes the slot of each key.
-func (t *slotTable) index() {
-	t.at = make(map[netip.AddrPort]int32, len(t.keys))
-	for i, k := range t.keys {
-		t.at[k] = int32(i)
-	}
+// find returns the position in bykey of k, or where it would be.
+func (t *slotTable) find(k netip.AddrPort) (int, bool) {
+	i := sort.Search(len(t.bykey), func(i int) bool { return t.keys[t.bykey[i]].Compare(k) >= 0 })
+	return i, i < len(t.bykey) && t.keys[t.bykey[i]] == k
 }
 
 // wideLists is what a delta patches of a wide port, besides its piece: both
-// endpoint lists in slot order, the counts the endpoint choice depends on,
-// and per address the endpoints of the lists that make it a hairpin address.
+// endpoint lists in slot order and the counts the endpoint choice depends
+// on.
 type wideLists struct {
-	tabs    [2]*slotTable // cluster-wide, local
-	counts  choiceCounts
-	hairpin map[netip.Addr]int
+	tabs   [2]*slotTable // cluster-wide, local
+	counts choiceCounts
 }
 
 // choiceCounts are the counts, among the endpoints of the family, that
@@ -99,33 +117,28 @@ func (s *incremental) newWideLists(sp *k8s.ServicePort, p *piece) *wideLists {
 		return nil
 	}
 	in := w.counts.lists(s.c)
-	w.hairpin = make(map[netip.Addr]int, len(sp.Endpoints))
+	n := [2]int{}
+	for k := range sp.Endpoints {
+		e := &sp.Endpoints[k]
+		n[0], n[1] = n[0]+boolInt(in[0](e)), n[1]+boolInt(in[1](e))
+	}
 	for i, local := range []bool{false, true} {
 		j := slices.IndexFunc(p.slotOrders, func(o slotOrder) bool { return o.key == slotsKey{sp.Name, local} })
 		if j >= 0 {
 			w.tabs[i] = newSlotTable(p.slotOrders[j].order)
-			continue
-		}
-		// Not ordered by the piece (empty, or not used): the sorted order.
-		w.tabs[i] = &slotTable{}
-		for k := range sp.Endpoints {
-			if e := &sp.Endpoints[k]; in[i](e) {
-				w.tabs[i].keys = append(w.tabs[i].keys, addrPort(e))
+		} else {
+			// Not ordered by the piece (empty, or not used): the sorted order.
+			l := make([]k8s.Endpoint, 0, n[i])
+			for k := range sp.Endpoints {
+				if e := &sp.Endpoints[k]; in[i](e) {
+					l = append(l, *e)
+				}
 			}
+			w.tabs[i] = newSlotTable(slotList{eps: l})
 		}
-		w.tabs[i].index()
-	}
-	n := [2]int{}
-	for k := range sp.Endpoints {
-		e := &sp.Endpoints[k]
-		c, l := in[0](e), in[1](e)
-		n[0], n[1] = n[0]+boolInt(c), n[1]+boolInt(l)
-		if (c || l) && s.c.here(e) {
-			w.hairpin[e.Addr]++
+		if n[i] != len(w.tabs[i].keys) {
+			return nil
 		}
-	}
-	if n[0] != len(w.tabs[0].keys) || n[1] != len(w.tabs[1].keys) {
-		return nil
 	}
 	return w
 }
@@ -134,36 +147,52 @@ func (s *incremental) newWideLists(sp *k8s.ServicePort, p *piece) *wideLists {
 // (its old endpoint), and the slots given an endpoint, as nextSlots would
 // give them: those that stay keep their slot while it exists, and the freed
 // slots are filled by those beyond the new length, then by the new ones in
-// their sorted order.
+// their sorted order. The positions in the table's bykey of what goes,
+// moves and comes are found before the table changes.
 type slotPlan struct {
 	t       *slotTable
-	out     []netip.AddrPort
 	dels    []int
 	fill    []int
 	fillKey []netip.AddrPort
 	newLen  int
+	outAt   []int // bykey positions of the endpoints out, ascending
+	moveAt  []int // bykey positions of the movers, in fill order
+	inAt    []int // bykey positions the endpoints in go before
 }
 
 // planSlots plans list t's change by the endpoints out (in it) and in
-// (sorted, not in it); false when t does not hold what out names.
+// (sorted, not in it); false when t does not hold what out names, or holds
+// one of in.
 func planSlots(t *slotTable, out, in []netip.AddrPort) (slotPlan, bool) {
 	oldLen := len(t.keys)
-	p := slotPlan{t: t, out: out, newLen: oldLen - len(out) + len(in)}
+	p := slotPlan{t: t, newLen: oldLen - len(out) + len(in)}
 	freed := make(map[int]bool, len(out))
 	for _, k := range out {
-		slot, ok := t.at[k]
-		if !ok || freed[int(slot)] {
+		at, ok := t.find(k)
+		if !ok || freed[int(t.bykey[at])] {
 			return slotPlan{}, false
 		}
-		freed[int(slot)] = true
-		p.dels = append(p.dels, int(slot))
+		slot := int(t.bykey[at])
+		freed[slot] = true
+		p.dels = append(p.dels, slot)
+		p.outAt = append(p.outAt, at)
 	}
+	slices.Sort(p.outAt)
 	var movers []netip.AddrPort
 	for slot := p.newLen; slot < oldLen; slot++ {
 		if !freed[slot] {
+			at, _ := t.find(t.keys[slot])
 			movers = append(movers, t.keys[slot])
+			p.moveAt = append(p.moveAt, at)
 			p.dels = append(p.dels, slot)
 		}
+	}
+	for _, k := range in {
+		at, ok := t.find(k)
+		if ok {
+			return slotPlan{}, false
+		}
+		p.inAt = append(p.inAt, at)
 	}
 	movers = append(movers, in...)
 	for _, slot := range p.dels {
@@ -182,19 +211,33 @@ func planSlots(t *slotTable, out, in []netip.AddrPort) (slotPlan, bool) {
 	return p, true
 }
 
-// apply changes the table as planned.
+// apply changes the table as planned: the keys of the filled slots, and
+// bykey merged with what went and came (one copy of it, into the spare).
 func (p *slotPlan) apply() {
 	t := p.t
-	for _, k := range p.out {
-		delete(t.at, k)
-	}
 	if n := p.newLen - len(t.keys); n > 0 {
 		t.keys = append(t.keys, make([]netip.AddrPort, n)...)
 	}
 	for i, slot := range p.fill {
 		t.keys[slot] = p.fillKey[i]
-		t.at[p.fillKey[i]] = int32(slot)
 	}
+	for i, at := range p.moveAt {
+		t.bykey[at] = int32(p.fill[i])
+	}
+	inSlots := p.fill[len(p.moveAt):]
+	dst, src, start := t.spare[:0], t.bykey, 0
+	outAt, inAt := p.outAt, p.inAt
+	for len(outAt) > 0 || len(inAt) > 0 {
+		// One that comes before a position goes before what goes from it.
+		if len(inAt) > 0 && (len(outAt) == 0 || inAt[0] <= outAt[0]) {
+			dst = append(append(dst, src[start:inAt[0]]...), int32(inSlots[0]))
+			start, inAt, inSlots = inAt[0], inAt[1:], inSlots[1:]
+			continue
+		}
+		dst = append(dst, src[start:outAt[0]]...)
+		start, outAt = outAt[0]+1, outAt[1:]
+	}
+	t.bykey, t.spare = append(dst, src[start:]...), src
 	clear(t.keys[p.newLen:])
 	t.keys = t.keys[:p.newLen]
 }
@@ -321,7 +364,7 @@ func (s *incremental) patch(d *delta, pc portChange) bool {
 	}
 	// The rest as any change, with the hairpin addresses that came and
 	// went in place of the lists.
-	hpOut, hpIn := w.patchHairpin(s.c, pc.delta, was, is)
+	hpOut, hpIn := hairpinChanges(s.c, pc.delta, was, is)
 	d.replace(&piece{elements: before.elements, hairpin: hpOut, clusterIPs: before.clusterIPs, uses: before.uses},
 		&piece{elements: after.elements, hairpin: hpIn, clusterIPs: after.clusterIPs, uses: after.uses})
 	s.noteSlots(before, after)
@@ -333,37 +376,39 @@ func (s *incremental) patch(d *delta, pc portChange) bool {
 	return true
 }
 
-// patchHairpin counts the delta's endpoints out of and into the hairpin
-// addresses and returns the addresses that went and came, sorted.
-func (w *wideLists) patchHairpin(c *compiler, dl *k8s.EndpointDelta, was, is [2]func(*k8s.Endpoint) bool) (out, in []netip.Addr) {
-	change := map[netip.Addr]int{}
-	for i := range dl.Removed {
-		if e := &dl.Removed[i]; (was[0](e) || was[1](e)) && c.here(e) {
-			change[e.Addr]--
-		}
-	}
-	for i := range dl.Added {
-		if e := &dl.Added[i]; (is[0](e) || is[1](e)) && c.here(e) {
-			change[e.Addr]++
-		}
-	}
-	for a, n := range change {
-		before := w.hairpin[a]
-		after := before + n
-		switch {
-		case n == 0:
-			continue
-		case after == 0:
-			delete(w.hairpin, a)
-			out = append(out, a)
-		default:
-			w.hairpin[a] = after
-			if before == 0 {
-				in = append(in, a)
+// hairpinChanges returns the hairpin addresses that went and came with the
+// delta dl from list old (members by was) to list now (by is), sorted. Only
+// the delta's addresses can change; each is looked up in both lists, which
+// are sorted by address: no count per address is kept.
+func hairpinChanges(c *compiler, dl *k8s.EndpointDelta, was, is [2]func(*k8s.Endpoint) bool) (out, in []netip.Addr) {
+	has := func(eps []k8s.Endpoint, a netip.Addr, member [2]func(*k8s.Endpoint) bool) bool {
+		i := sort.Search(len(eps), func(i int) bool { return eps[i].Addr.Compare(a) >= 0 })
+		for ; i < len(eps) && eps[i].Addr == a; i++ {
+			if e := &eps[i]; (member[0](e) || member[1](e)) && c.here(e) {
+				return true
 			}
 		}
+		return false
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	slices.SortFunc(in, netip.Addr.Compare)
+	removed, added := dl.Removed, dl.Added
+	var last netip.Addr
+	for len(removed) > 0 || len(added) > 0 {
+		var a netip.Addr
+		if walkOrder(len(removed), len(added), func() int { return removed[0].Addr.Compare(added[0].Addr) }) <= 0 {
+			a, removed = removed[0].Addr, removed[1:]
+		} else {
+			a, added = added[0].Addr, added[1:]
+		}
+		if a == last {
+			continue
+		}
+		last = a
+		switch before, after := has(dl.From, a, was), has(dl.To, a, is); {
+		case before && !after:
+			out = append(out, a)
+		case after && !before:
+			in = append(in, a)
+		}
+	}
 	return out, in
 }

@@ -220,7 +220,7 @@ func TestPlanSlotsIsNextSlots(t *testing.T) {
 		cur = append(cur, ep(2*i))
 	}
 	prev := slotList{eps: cur}
-	tab := newSlotTable(prev)
+	tab, rebuilt := newSlotTable(prev), 0
 	for step := range 300 {
 		in := map[int]bool{}
 		var next []k8s.Endpoint
@@ -260,12 +260,26 @@ func TestPlanSlotsIsNextSlots(t *testing.T) {
 				t.Fatalf("step %d slot %d: table and nextSlots differ (lengths %d, %d)", step, i, got.len(), want.len())
 			}
 		}
-		for k, slot := range tab.at {
-			if tab.keys[slot] != k || len(tab.at) != len(tab.keys) {
-				t.Fatalf("step %d: the table's index is not its keys", step)
+		if len(tab.bykey) != len(tab.keys) {
+			t.Fatalf("step %d: %d slots by key for %d keys", step, len(tab.bykey), len(tab.keys))
+		}
+		for i, slot := range tab.bykey {
+			if i > 0 && tab.keys[tab.bykey[i-1]].Compare(tab.keys[slot]) >= 0 {
+				t.Fatalf("step %d: the slots by key are not sorted at %d", step, i)
+			}
+			if at, ok := tab.find(tab.keys[slot]); !ok || at != i {
+				t.Fatalf("step %d: slot %d not found by its key", step, slot)
 			}
 		}
 		prev, cur = want, next
+		if step%50 == 49 && prev.perm != nil {
+			// A table made from a compiled, permuted order, as a
+			// first patch makes it.
+			tab, rebuilt = newSlotTable(prev), rebuilt+1
+		}
+	}
+	if rebuilt == 0 {
+		t.Fatal("no table was made from a permuted order")
 	}
 }
 
