@@ -27,14 +27,31 @@ func chooseEndpoints(sp *k8s.ServicePort, node *k8s.Node, inFamily func(*k8s.End
 			}
 		}
 	}
-	isLocal := func(e *k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
-	hinted := topologyFilter(eps, node)
 	return endpointChoice{
-		cluster: usable(eps, hinted),
-		local:   usable(eps, isLocal),
+		cluster: usable(eps, topologyFilter(eps, node)),
+		local:   usable(eps, isLocal(node)),
 	}
 }
 
+// isLocal keeps the endpoints on node.
+func isLocal(node *k8s.Node) func(*k8s.Endpoint) bool {
+	return func(e *k8s.Endpoint) bool { return node.Name != "" && e.NodeName == node.Name }
+}
+
+// inChoice is the rule of an endpoint list, here and for the lists a delta
+// patches (patch.go): an endpoint keep keeps is in it when it is ready, or,
+// when none it keeps is ready (anyReady false), serving and terminating.
+func inChoice(e *k8s.Endpoint, keep func(*k8s.Endpoint) bool, anyReady bool) bool {
+	switch {
+	case !keep(e):
+		return false
+	case anyReady:
+		return e.Ready
+	}
+	return !e.Ready && e.Serving && e.Terminating
+}
+
+// usable is the list of eps that keep keeps, by inChoice.
 func usable(eps []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []k8s.Endpoint {
 	// The common case, every endpoint kept and ready, needs no copy.
 	if allOf(eps, func(e *k8s.Endpoint) bool { return e.Ready && keep(e) }) {
@@ -47,23 +64,16 @@ func usable(eps []k8s.Endpoint, keep func(*k8s.Endpoint) bool) []k8s.Endpoint {
 			nReady++
 		}
 	}
-	var ready, terminating []k8s.Endpoint
+	var out []k8s.Endpoint
 	if nReady > 0 {
-		ready = make([]k8s.Endpoint, 0, nReady)
+		out = make([]k8s.Endpoint, 0, nReady)
 	}
 	for i := range eps {
-		switch e := &eps[i]; {
-		case !keep(e):
-		case e.Ready:
-			ready = append(ready, *e)
-		case e.Serving && e.Terminating:
-			terminating = append(terminating, *e)
+		if inChoice(&eps[i], keep, nReady > 0) {
+			out = append(out, eps[i])
 		}
 	}
-	if len(ready) > 0 {
-		return ready
-	}
-	return terminating
+	return out
 }
 
 // topologyFilter returns which endpoints topology hints keep, as kube-proxy

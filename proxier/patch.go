@@ -66,32 +66,34 @@ type wideLists struct {
 // endpoints when it has some, its serving terminating ones otherwise.
 type choiceCounts struct{ ready, readyLocal, hinted int }
 
+// keeps are what the two lists keep without hints (chooseEndpoints's
+// choice): the endpoints of the family, and of them those on this node.
+func keeps(cmp *compiler) [2]func(*k8s.Endpoint) bool {
+	local := isLocal(&cmp.node)
+	inFamily := func(e *k8s.Endpoint) bool { return cmp.cfg.addrInFamily(e.Addr) }
+	return [2]func(*k8s.Endpoint) bool{inFamily, func(e *k8s.Endpoint) bool { return inFamily(e) && local(e) }}
+}
+
 // lists tells, for counts, which endpoints each list holds.
 func (c choiceCounts) lists(cmp *compiler) [2]func(*k8s.Endpoint) bool {
-	inFamily := func(e *k8s.Endpoint) bool { return cmp.cfg.addrInFamily(e.Addr) }
-	isLocal := func(e *k8s.Endpoint) bool { return cmp.node.Name != "" && e.NodeName == cmp.node.Name }
-	usable := func(e *k8s.Endpoint, ready bool) bool {
-		if ready {
-			return e.Ready
-		}
-		return !e.Ready && e.Serving && e.Terminating
-	}
+	keep := keeps(cmp)
 	return [2]func(*k8s.Endpoint) bool{
-		func(e *k8s.Endpoint) bool { return inFamily(e) && usable(e, c.ready > 0) },
-		func(e *k8s.Endpoint) bool { return inFamily(e) && isLocal(e) && usable(e, c.readyLocal > 0) },
+		func(e *k8s.Endpoint) bool { return inChoice(e, keep[0], c.ready > 0) },
+		func(e *k8s.Endpoint) bool { return inChoice(e, keep[1], c.readyLocal > 0) },
 	}
 }
 
 // add counts eps in (sign 1) or out (sign -1).
 func (c *choiceCounts) add(cmp *compiler, eps []k8s.Endpoint, sign int) {
+	keep := keeps(cmp)
 	for i := range eps {
 		e := &eps[i]
-		if !cmp.cfg.addrInFamily(e.Addr) {
+		if !keep[0](e) {
 			continue
 		}
 		if e.Ready {
 			c.ready += sign
-			if cmp.node.Name != "" && e.NodeName == cmp.node.Name {
+			if keep[1](e) {
 				c.readyLocal += sign
 			}
 		}
