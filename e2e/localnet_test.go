@@ -202,7 +202,7 @@ func TestRouteLocalnetOwnership(t *testing.T) {
 					t.Fatalf("run %d: route_localnet %s after the first sync, want 1", run, got)
 				}
 				log := d.Log()
-				synced, set := strings.Index(log, `"msg":"Synced"`), strings.Index(log, `"name":"`+key+`"`)
+				synced, set := strings.Index(log, SyncedLine), strings.Index(log, `"name":"`+key+`"`)
 				if tt.before == "0" && run == 0 && (set < 0 || set < synced) {
 					t.Errorf("route_localnet set at %d of the log, the first sync at %d: want it after the sync that installs the guard:\n%s", set, synced, log)
 				}

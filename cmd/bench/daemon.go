@@ -114,7 +114,7 @@ func runDaemon(res *Results, o *options, n, eps int) error {
 		if err != nil {
 			return err
 		}
-		defer p.stop(false, 10*time.Second)
+		defer p.Terminate(10 * time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), daemonSyncTimeout)
 		defer cancel()
 		d.p, d.ctx = p, ctx
@@ -122,14 +122,11 @@ func runDaemon(res *Results, o *options, n, eps int) error {
 			return err
 		}
 		// The Go heap at steady state, garbage not yet collected included.
-		if _, err := p.scrape(ctx); err != nil {
-			return err
-		}
-		heap, err := p.gauge("go_memstats_heap_alloc_bytes")
+		heap, err := p.heapMiB(ctx)
 		if err != nil {
 			return err
 		}
-		d.add(metricDaemonHeap, methodDaemon, heap/(1<<20))
+		d.add(metricDaemonHeap, methodDaemon, heap)
 		if o.daemonProfiles == "" {
 			return nil
 		}

@@ -66,10 +66,6 @@ type kernelChange struct {
 	text string // e.g. "--to-destination 10.192.0.1:8080"
 }
 
-// nfnlGroupNftables is NFNLGRP_NFTABLES: every committed nf_tables change
-// is announced to it.
-const nfnlGroupNftables = 7
-
 // watchNft listens to the namespace's nf_tables notifications. The kernel
 // sends them when it commits a batch, with the objects' contents (set
 // element keys and data, rule expressions with their immediate data, chain
@@ -92,7 +88,7 @@ func watchNft(ns *netns.NS, c kernelChange) (*watcher, error) {
 			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 256<<20)
 		})
 	}
-	if err := conn.JoinGroup(nfnlGroupNftables); err != nil {
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("join nf_tables notifications: %w", err)
 	}

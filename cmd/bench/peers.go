@@ -211,9 +211,12 @@ func (e *peerEnv) measureProxy(ctx context.Context, proxy string, k int) error {
 		}
 		s := &stepper{peerEnv: e, p: p, ns: ns, name: proxy, k: k}
 		err = s.steps(ctx)
-		// A proxy stopped at the time limit may be in a long sync.
 		var step *errStep
-		p.stop(errors.As(err, &step) && step.reason == overLimit, 5*time.Second)
+		if errors.As(err, &step) && step.reason == overLimit {
+			p.Kill() // stopped at the time limit, it may be in a long sync
+		} else {
+			p.Terminate(5 * time.Second)
+		}
 		return err
 	})
 }

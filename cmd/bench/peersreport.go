@@ -363,21 +363,15 @@ func (r *Results) writePeerScaling(w func(string, ...any), b *strings.Builder) {
 		}
 		return fmtMS(v)
 	}
-	rel := func(v, base float64, ok bool) string {
-		if !ok || base <= 0 || math.IsNaN(base) {
-			return "–"
-		}
-		return fmt.Sprintf("%.2f", v/base)
-	}
-	apiBase, okA := api[10000]
-	dirBase, okD := r.median(10000, metricDaemonEndpoint, methodDaemon)
+	apiBase := api[10000] // zero when not measured: no ratio
+	dirBase, _ := r.median(10000, metricDaemonEndpoint, methodDaemon)
 	t := &table{head: []string{"services (× 3 endpoints)", "API server: sync", "… API write to kernel", "… sync / 10k sync",
 		"manifest directory: sync", "… sync / 10k sync"}}
 	for _, n := range slices.Sorted(maps.Keys(sizes)) {
 		a, ok := api[n]
 		d, ok2 := r.median(n, metricDaemonEndpoint, methodDaemon)
-		t.rows = append(t.rows, []string{fmt.Sprint(n), cell(a[0], ok), cell(a[1], ok), rel(a[0], apiBase[0], ok && okA),
-			cell(d, ok2), rel(d, dirBase, ok2 && okD)})
+		t.rows = append(t.rows, []string{fmt.Sprint(n), cell(a[0], ok), cell(a[1], ok), ratioText(a[0], apiBase[0], ""),
+			cell(d, ok2), ratioText(d, dirBase, "")})
 	}
 	w("### nftproxy: one endpoint replaced, by the number of services\n\n")
 	w("The issue asks for at most 2 ms at 10,000 services × 3 endpoints and the same within 20%% at 30,000 and 100,000. *API server* is the peers phase (median of its runs); *manifest directory* is the daemon phase above (`nftproxy run --manifests`, median of its delta syncs), where 100,000 services load in seconds: the API server, whose Service creation costs O(services), would take over an hour to store them.\n\n")

@@ -52,17 +52,6 @@ func startProxy(name string, ns *netns.NS, env []string, args ...string) (*proxy
 	return &proxy{Daemon: d, name: name, metrics: prom.NewClient(ns, metricsAddr, 10*time.Second)}, nil
 }
 
-// stop sends SIGTERM and kills the proxy if it is still there after grace
-// (at once when kill is set: a proxy stopped at the time limit may be in a
-// long sync).
-func (p *proxy) stop(kill bool, grace time.Duration) {
-	if kill {
-		p.Kill()
-		return
-	}
-	p.Terminate(grace)
-}
-
 // scrape reads the proxy's /metrics and keeps it in fams.
 func (p *proxy) scrape(ctx context.Context) (prom.Families, error) {
 	fams, _, err := p.metrics.Scrape(ctx)
@@ -96,6 +85,11 @@ func (p *proxy) liveHeap(ctx context.Context, profile string) (float64, error) {
 			return 0, fmt.Errorf("write heap profile: %w", err)
 		}
 	}
+	return p.heapMiB(ctx)
+}
+
+// heapMiB scrapes the proxy's Go heap, in MiB.
+func (p *proxy) heapMiB(ctx context.Context) (float64, error) {
 	if _, err := p.scrape(ctx); err != nil {
 		return 0, err
 	}

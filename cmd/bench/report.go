@@ -141,13 +141,18 @@ func (r *Results) cell(n int, metric, method string, format func(float64) string
 }
 
 // ratioCell is the median of one metric over the median of another, of one
-// method, as "1.46x"; "–" when either was not measured.
+// method, as "1.46x".
 func (r *Results) ratioCell(n int, over, under, method string) string {
-	a, b := r.value(n, over, method), r.value(n, under, method)
-	if math.IsNaN(a+b) || b == 0 {
+	return ratioText(r.value(n, over, method), r.value(n, under, method), "x")
+}
+
+// ratioText prints num/den to two decimals and unit; "–" when either was
+// not measured (NaN, or zero).
+func ratioText(num, den float64, unit string) string {
+	if math.IsNaN(num+den) || num == 0 || den <= 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.2fx", a/b)
+	return fmt.Sprintf("%.2f%s", num/den, unit)
 }
 
 // median returns the median of a record and whether it was measured.
@@ -343,18 +348,12 @@ func (r *Results) writeDataplane(p func(string, ...any), b *strings.Builder) {
 		p50 := quantile(rec.Values, 0.5)
 		return fmtMS(p50) + " / " + fmtMS(quantile(rec.Values, 0.99)), p50, len(rec.Values)
 	}
-	ratio := func(a, b float64) string {
-		if a == 0 || b == 0 {
-			return "–"
-		}
-		return fmt.Sprintf("%.2f", b/a)
-	}
 	for _, n := range r.Sizes {
 		nf, nfv, samples := q(n, methodConnNftFirst)
 		nl, nlv, _ := q(n, methodConnNftLast)
 		lf, lfv, _ := q(n, methodConnLegacyFirst)
 		ll, llv, _ := q(n, methodConnLegacyLast)
-		t.rows = append(t.rows, []string{fmt.Sprint(n), fmt.Sprint(samples), nf, nl, ratio(nfv, nlv), lf, ll, ratio(lfv, llv)})
+		t.rows = append(t.rows, []string{fmt.Sprint(n), fmt.Sprint(samples), nf, nl, ratioText(nlv, nfv, ""), lf, ll, ratioText(llv, lfv, "")})
 	}
 	t.write(b)
 }

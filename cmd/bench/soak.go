@@ -180,7 +180,7 @@ func (s *soak) start(ctx context.Context) error {
 		return err
 	}
 	s.p = p
-	s.closers = append(s.closers, func() { p.stop(false, 5*time.Second) })
+	s.closers = append(s.closers, func() { p.Terminate(5 * time.Second) })
 	if err := s.waitReady(ctx); err != nil {
 		return err
 	}
