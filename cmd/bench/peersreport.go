@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/nftproxy/nftproxy/e2e"
 )
 
 // The issue's ratios: nftproxy's figure over the fastest kube-proxy mode's.
@@ -147,11 +149,11 @@ func (p *PeerRun) ratio(workload, metric string, limit float64) (text string, ve
 }
 
 // workloadTable has a row for each workload that row gives cells for.
-func (p *PeerRun) workloadTable(head []string, row func(PeerWorkload) []string) *table {
-	t := &table{head: head}
+func (p *PeerRun) workloadTable(head []string, row func(PeerWorkload) []string) *e2e.Table {
+	t := &e2e.Table{Head: head}
 	for _, wl := range p.Workloads {
 		if cells := row(wl); cells != nil {
-			t.rows = append(t.rows, append([]string{wl.Name}, cells...))
+			t.Rows = append(t.Rows, append([]string{wl.Name}, cells...))
 		}
 	}
 	return t
@@ -221,7 +223,7 @@ func (r *Results) writePeerTargets(w func(string, ...any), b *strings.Builder) {
 			row = append(row, text)
 		}
 		return row
-	}).write(b)
+	}).Write(b)
 }
 
 // writeWorkload prints one workload's table and plot, and returns the
@@ -234,9 +236,9 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 		return nil
 	}
 	w("%d services, %d endpoints, %d EndpointSlices, written in %d s.\n\n", wl.Services, wl.Endpoints, wl.Slices, wl.CreateS)
-	t := &table{head: []string{"proxy"}}
+	t := &e2e.Table{Head: []string{"proxy"}}
 	for _, c := range peerColumns {
-		t.head = append(t.head, c.title)
+		t.Head = append(t.Head, c.title)
 	}
 	for _, proxy := range append(slices.Clone(allProxies), proxyAPIWatch) {
 		var row []string
@@ -247,15 +249,15 @@ func (p *PeerRun) writeWorkload(w func(string, ...any), b *strings.Builder, wl P
 			}
 		}
 		if anyFigure(row) {
-			t.rows = append(t.rows, append([]string{proxyTitle[proxy]}, row...))
+			t.Rows = append(t.Rows, append([]string{proxyTitle[proxy]}, row...))
 		}
 	}
 	row := []string{"nftproxy / fastest kube-proxy"}
 	for _, c := range peerColumns {
 		row = append(row, p.overKube(wl.Name, proxyNftproxy, c.metric).String())
 	}
-	t.rows = append(t.rows, row)
-	t.write(b)
+	t.Rows = append(t.Rows, row)
+	t.Write(b)
 	if p.find(wl.Name, proxyNftproxy, peerFullWhole) != nil {
 		w("nftproxy's full sync above is its IPv4 series, as kube-proxy's; the whole first sync, with the empty IPv6 table that kube-proxy's second proxier syncs apart (`%s`): %s.\n\n",
 			wholeSyncMetric, p.cell(wl.Name, proxyNftproxy, peerFullWhole, fmtMS))
@@ -280,11 +282,11 @@ func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 		}
 		return row
 	})
-	if len(t.rows) == 0 {
+	if len(t.Rows) == 0 {
 		return
 	}
 	w("The API write to kernel figures include the API server's own work. A bare watch on the changed object (the row *%s* in each workload's table) receives the write this long after it was made, over the fastest kube-proxy mode's figure: no proxy can score below this.\n\n", proxyTitle[proxyAPIWatch])
-	t.write(b)
+	t.Write(b)
 }
 
 // writePeerOwnShare prints each proxy's own share of the API write to
@@ -292,7 +294,7 @@ func (r *Results) writePeerFloor(w func(string, ...any), b *strings.Builder) {
 func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) {
 	p := r.Peers
 	proxies := append([]string{proxyNftproxy}, kubeProxies...)
-	var tables []*table
+	var tables []*e2e.Table
 	for _, step := range []struct{ metric, sync, title string }{{peerEndpointOwn, peerEndpoint, "endpoint change"}, {peerServiceOwn, peerService, "service add"}} {
 		head := []string{step.title + ": workload"}
 		for _, proxy := range proxies {
@@ -317,7 +319,7 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 			text, _ := p.ratio(wl.Name, step.metric, 0)
 			return append(row, text, split)
 		})
-		if len(t.rows) > 0 {
+		if len(t.Rows) > 0 {
 			tables = append(tables, t)
 		}
 	}
@@ -327,7 +329,7 @@ func (r *Results) writePeerOwnShare(w func(string, ...any), b *strings.Builder) 
 	w("### The proxy's own share\n\n")
 	w("Each proxy's API write to kernel figure minus what the API server took: during every proxy's steps the bench keeps a bare watch of its own on the object each step writes (the row *%s*), and a cell is from that watch's event to the change in the kernel, on the same write in the same run. This is the part a proxy controls: its watch's decoding, its own work, and the kernel's commit. (The proxies' watches go through the relay, the bench's does not, so a share includes the relay's hop; for iptables-legacy the kernel time is late by up to one save, as above.) The last column splits nftproxy's share (medians of its runs) into its sync, from its histogram as in the sync columns, which holds the compile and the netlink commit, and the rest: the relay, decoding the watch event, the tracker, and the sync loop's wake-up. A service add's sync is mostly the kernel's: adding a `goto` to a verdict map makes the commit validate every verdict map element the table's rules reach (docs/design.md, \"What a service add costs the kernel\").\n\n", proxyTitle[proxyAPIWatch])
 	for _, t := range tables {
-		t.write(b)
+		t.Write(b)
 	}
 }
 
@@ -365,17 +367,17 @@ func (r *Results) writePeerScaling(w func(string, ...any), b *strings.Builder) {
 	}
 	apiBase := api[10000] // zero when not measured: no ratio
 	dirBase, _ := r.median(10000, metricDaemonEndpoint, methodDaemon)
-	t := &table{head: []string{"services (× 3 endpoints)", "API server: sync", "… API write to kernel", "… sync / 10k sync",
+	t := &e2e.Table{Head: []string{"services (× 3 endpoints)", "API server: sync", "… API write to kernel", "… sync / 10k sync",
 		"manifest directory: sync", "… sync / 10k sync"}}
 	for _, n := range slices.Sorted(maps.Keys(sizes)) {
 		a, ok := api[n]
 		d, ok2 := r.median(n, metricDaemonEndpoint, methodDaemon)
-		t.rows = append(t.rows, []string{fmt.Sprint(n), cell(a[0], ok), cell(a[1], ok), ratioText(a[0], apiBase[0], ""),
+		t.Rows = append(t.Rows, []string{fmt.Sprint(n), cell(a[0], ok), cell(a[1], ok), ratioText(a[0], apiBase[0], ""),
 			cell(d, ok2), ratioText(d, dirBase, "")})
 	}
 	w("### nftproxy: one endpoint replaced, by the number of services\n\n")
 	w("The issue asks for at most 2 ms at 10,000 services × 3 endpoints and the same within 20%% at 30,000 and 100,000. *API server* is the peers phase (median of its runs); *manifest directory* is the daemon phase above (`nftproxy run --manifests`, median of its delta syncs), where 100,000 services load in seconds: the API server, whose Service creation costs O(services), would take over an hour to store them.\n\n")
-	t.write(b)
+	t.Write(b)
 }
 
 // writePeerPlots draws one bar chart per workload.

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/nftproxy/nftproxy/e2e"
 )
 
 // Files written next to benchmarks.md.
@@ -172,32 +174,15 @@ func (r *Results) value(n int, metric, method string) float64 {
 	return math.NaN()
 }
 
-type table struct {
-	head []string
-	rows [][]string
-}
-
-func (t *table) write(b *strings.Builder) {
-	b.WriteString("| " + strings.Join(t.head, " | ") + " |\n|")
-	for range t.head {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
-	for _, row := range t.rows {
-		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
-	}
-	b.WriteString("\n")
-}
-
 // metricTable has a row per size and a column per method.
-func (r *Results) metricTable(metric string, methods []string, format func(float64) string) *table {
-	t := &table{head: append([]string{"services"}, methods...)}
+func (r *Results) metricTable(metric string, methods []string, format func(float64) string) *e2e.Table {
+	t := &e2e.Table{Head: append([]string{"services"}, methods...)}
 	for _, n := range r.Sizes {
 		row := []string{fmt.Sprint(n)}
 		for _, method := range methods {
 			row = append(row, r.cell(n, metric, method, format))
 		}
-		t.rows = append(t.rows, row)
+		t.Rows = append(t.Rows, row)
 	}
 	return t
 }
@@ -234,20 +219,20 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 	p("## Full sync\n\n")
 	p("Time from nothing to the whole ruleset in the kernel. *nftproxy* is the daemon's first sync, `proxier.Sync` of the whole snapshot into an empty table: compile, then one `nftnl.Apply` netlink batch, in a child process started for the purpose (split into *compile*, everything before the batch, and *netlink*). *nft -f* loads the same ruleset, rendered by `nftmodel.Render`, through `nft -f -` — what a proxy that shells out to nft (knftables) pays; rendering is not timed. The iptables columns load kube-proxy's iptables-mode ruleset for the same services (`KUBE-SERVICES`, `KUBE-SVC-*` with `statistic` probabilities, `KUBE-SEP-*` with DNAT, `KUBE-MARK-MASQ`, `KUBE-NODEPORTS`, `KUBE-EXT-*`, `KUBE-POSTROUTING`, `KUBE-FORWARD`, in its large-cluster form without per-endpoint comments) with `-w` as kube-proxy does; generating that text is not timed. Tools are timed from fork to exit.\n\n")
 	p("![full sync time against services](%s)\n\n", syncPlot)
-	r.metricTable(metricFullSync, []string{methodNftproxy, methodCompile, methodApply, methodNftText, methodLegacy, methodIptNft}, fmtMS).write(b)
+	r.metricTable(metricFullSync, []string{methodNftproxy, methodCompile, methodApply, methodNftText, methodLegacy, methodIptNft}, fmtMS).Write(b)
 
 	p("### Memory and CPU of nftproxy's full sync\n\n")
 	p("Peak RSS (the child's own `VmHWM`; `getrusage` would count the parent it was cloned from) and user+system CPU (`getrusage`) of the child that makes one full sync: it builds the snapshot, compiles and sends the batch, nothing else. The kernel's work on the batch runs in the child's `sendmsg` and counts as its system time. *GOMEMLIMIT=%s* is the same child with Go's soft memory limit set to the target less the 20 MiB the binary itself maps (what a sync of one service holds), which Go does not count; *GOMEMLIMIT=1MiB* makes the collector run all the time, so its peak RSS comes close to the sync's live peak (one run; the collector takes at most half the CPU, so some garbage still piles up); *live heap* is what a collection leaves at each stage (a separate child, so the collections don't skew the timings).\n\n", memLimit)
-	mem := &table{head: []string{"services", "peak RSS", "CPU", "GOMEMLIMIT=" + memLimit + ": time", "peak RSS", "GOMEMLIMIT=1MiB: time", "peak RSS", "live heap: snapshot", "+ compiled ruleset", "set elements"}}
+	mem := &e2e.Table{Head: []string{"services", "peak RSS", "CPU", "GOMEMLIMIT=" + memLimit + ": time", "peak RSS", "GOMEMLIMIT=1MiB: time", "peak RSS", "live heap: snapshot", "+ compiled ruleset", "set elements"}}
 	for _, n := range r.Sizes {
-		mem.rows = append(mem.rows, []string{fmt.Sprint(n),
+		mem.Rows = append(mem.Rows, []string{fmt.Sprint(n),
 			r.cell(n, metricFullSyncRSS, methodNftproxy, fmtMiB), r.cell(n, metricFullSyncCPU, methodNftproxy, fmtMS),
 			r.cell(n, metricFullSync, methodMemLimit, fmtMS), r.cell(n, metricFullSyncRSS, methodMemLimit, fmtMiB),
 			r.cell(n, metricFullSync, methodMemFloor, fmtMS), r.cell(n, metricFullSyncRSS, methodMemFloor, fmtMiB),
 			r.cell(n, metricLiveHeap, stageSnapshot, fmtMiB), r.cell(n, metricLiveHeap, stageCompiled, fmtMiB),
 			r.cell(n, metricLiveHeap, "elements", func(v float64) string { return fmt.Sprintf("%.0f", v) })})
 	}
-	mem.write(b)
+	mem.Write(b)
 
 	p("## Incremental updates\n\n")
 	p("With N services loaded, one change at a time, each starting from the state the previous one left. ")
@@ -259,15 +244,15 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 	p("![update latency against services](%s)\n\n", updatesPlot)
 	updateMethods := []string{methodNftproxy, methodCompile, methodApply, methodFullDiff, methodNftText, methodLegacy, methodLegacyPartial, methodIptNft, methodIptNftPartial}
 	p("### One endpoint changed\n\n")
-	r.metricTable(metricEndpointChange, updateMethods, fmtMS).write(b)
+	r.metricTable(metricEndpointChange, updateMethods, fmtMS).Write(b)
 	p("### One service added\n\n")
-	r.metricTable(metricServiceAdded, updateMethods, fmtMS).write(b)
+	r.metricTable(metricServiceAdded, updateMethods, fmtMS).Write(b)
 
 	r.writeDataplane(p, b)
 
 	p("## The daemon\n\n")
 	p("`nftproxy run --manifests DIR` (the binary `make build` makes) in a fresh namespace, on the same services and their EndpointSlices in two manifest files (the middle service alone in the second), with `--sync-period %s`. *Start-up* runs from exec to the first sync logged (reading and decoding the YAML included); *first sync* is that sync alone, as the daemon logs it (`took`, both families' tables: the figure of `nftproxy_sync_duration_seconds`); *one endpoint replaced* is the median of %d delta syncs, each logged after the second file was rewritten with the middle service's last endpoint replaced (and back); RSS (`/proc/PID/status`) is read a second after the first sync and again a second after %d periodic resyncs (*steady state*; a resync is skipped when nothing committed to nftables since the last sync, as here); *peak* is the highest `VmHWM` read, every 20 ms until steady state (a later reading can come out lower than an earlier one); *peak, decoding* is that figure when the daemon logs that it loaded the manifests, before the first sync (which starts at once, so up to one poll of it may count); *peak / steady* is the peak over the RSS at steady state (issue 11 asks at most 1.5); *Go heap* is the daemon's own `go_memstats_heap_alloc_bytes` from its `/metrics` at steady state (garbage not yet collected included); *release* is the collection that gives the first sync's garbage back to the OS (`debug.FreeOSMemory`, as the daemon logs it).\n\n", daemonSyncPeriod, daemonEndpointSteps, daemonResyncs)
-	d := &table{head: []string{"services", "start-up to first sync", "first sync", "one endpoint replaced: sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
+	d := &e2e.Table{Head: []string{"services", "start-up to first sync", "first sync", "one endpoint replaced: sync", "RSS after the first sync", "RSS at steady state", "peak, decoding", "peak RSS", "peak / steady", "Go heap", "release"}}
 	for _, eps := range []int{endpointsPerService, 1} {
 		m := func(method string) string { return daemonMethod(method, eps) }
 		for _, n := range r.measuredSizes(metricDaemonRSS, m(methodDaemon)) {
@@ -275,7 +260,7 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 			if eps != endpointsPerService {
 				label = fmt.Sprintf("%d, %d endpoint each", n, eps)
 			}
-			d.rows = append(d.rows, []string{label, r.cell(n, metricDaemonStart, m(methodDaemon), fmtMS),
+			d.Rows = append(d.Rows, []string{label, r.cell(n, metricDaemonStart, m(methodDaemon), fmtMS),
 				r.cell(n, metricDaemonFullSync, m(methodDaemon), fmtMS), r.cell(n, metricDaemonEndpoint, m(methodDaemon), fmtMS),
 				r.cell(n, metricDaemonRSS, m(methodDaemonFirst), fmtMiB), r.cell(n, metricDaemonRSS, m(methodDaemon), fmtMiB),
 				r.cell(n, metricDaemonPeak, m(methodDaemonLoaded), fmtMiB), r.cell(n, metricDaemonPeak, m(methodDaemon), fmtMiB),
@@ -283,7 +268,7 @@ func (r *Results) writeMain(b *strings.Builder, p func(string, ...any)) {
 				r.cell(n, metricDaemonHeap, m(methodDaemon), fmtMiB), r.cell(n, metricDaemonRelease, m(methodDaemon), fmtMS)})
 		}
 	}
-	d.write(b)
+	d.Write(b)
 
 	r.writeGoBench(p, b)
 	r.writeSkipped(p)
@@ -308,17 +293,17 @@ func (r *Results) writeMachine(p func(string, ...any)) {
 
 func (r *Results) writeTargets(b *strings.Builder) {
 	fmt.Fprintf(b, "## Targets\n\n")
-	t := &table{head: []string{"target", "measured (median)", "result"}}
+	t := &e2e.Table{Head: []string{"target", "measured (median)", "result"}}
 	check := func(name string, v, limit float64, format func(float64) string) {
 		if math.IsNaN(v) {
-			t.rows = append(t.rows, []string{name, "not measured", "size not in this run (a run without --quick has it)"})
+			t.Rows = append(t.Rows, []string{name, "not measured", "size not in this run (a run without --quick has it)"})
 			return
 		}
 		verdict := "**met**"
 		if v > limit {
 			verdict = fmt.Sprintf("**missed**, %.1f× the target", v/limit)
 		}
-		t.rows = append(t.rows, []string{name, format(v), verdict})
+		t.Rows = append(t.Rows, []string{name, format(v), verdict})
 	}
 	check("full sync, 10,000 services ≤ 0.5 s", r.value(10000, metricFullSync, methodNftproxy), targetFullSyncMS, fmtMS)
 	check("one endpoint changed, 10,000 services ≤ 5 ms end to end",
@@ -331,14 +316,14 @@ func (r *Results) writeTargets(b *strings.Builder) {
 	check("connect p50 to the last service within 10% of the first, 30,000 services",
 		r.value(30000, metricConnect, methodConnNftLast)/r.value(30000, metricConnect, methodConnNftFirst),
 		targetConnectRatio, func(v float64) string { return fmt.Sprintf("last/first = %.2f", v) })
-	t.write(b)
+	t.Write(b)
 }
 
 func (r *Results) writeDataplane(p func(string, ...any), b *strings.Builder) {
 	p("## Dataplane: connecting to the first and the last service\n\n")
 	p("A client namespace connects through the node namespace (where the rules are) to three pod namespaces on a bridge (`e2e/netns.BuildTopology`). The first- and the last-created service point at the real pods; every other service has endpoints of its own. Each sample is a TCP connect to the ClusterIP plus reading the first line the pod's server sends (DNAT, masquerade, a forwarded handshake and the first byte back), taken in turn for the two services, after %d warm-up connects. The iptables rows load kube-proxy's ruleset (legacy backend) into the same node namespace instead. kube-proxy writes `KUBE-SERVICES` in its own service order; here it is creation order, so the last service's rule is the last of N that the first packet of a connection walks past.\n\n", warmupConnects)
 	p("![connect latency against services](%s)\n\n", connectPlot)
-	t := &table{head: []string{"services", "samples", "nftproxy first: p50 / p99", "nftproxy last: p50 / p99", "last/first p50",
+	t := &e2e.Table{Head: []string{"services", "samples", "nftproxy first: p50 / p99", "nftproxy last: p50 / p99", "last/first p50",
 		"iptables first: p50 / p99", "iptables last: p50 / p99", "last/first p50"}}
 	q := func(n int, method string) (string, float64, int) {
 		rec := r.find(n, metricConnect, method)
@@ -353,9 +338,9 @@ func (r *Results) writeDataplane(p func(string, ...any), b *strings.Builder) {
 		nl, nlv, _ := q(n, methodConnNftLast)
 		lf, lfv, _ := q(n, methodConnLegacyFirst)
 		ll, llv, _ := q(n, methodConnLegacyLast)
-		t.rows = append(t.rows, []string{fmt.Sprint(n), fmt.Sprint(samples), nf, nl, ratioText(nlv, nfv, ""), lf, ll, ratioText(llv, lfv, "")})
+		t.Rows = append(t.Rows, []string{fmt.Sprint(n), fmt.Sprint(samples), nf, nl, ratioText(nlv, nfv, ""), lf, ll, ratioText(llv, lfv, "")})
 	}
-	t.write(b)
+	t.Write(b)
 }
 
 func (r *Results) writeGoBench(p func(string, ...any), b *strings.Builder) {
@@ -364,11 +349,11 @@ func (r *Results) writeGoBench(p func(string, ...any), b *strings.Builder) {
 	}
 	p("## Go benchmarks\n\n")
 	p("`go test -run '^$' -bench . -benchmem -benchtime 3x ./proxier/` (in `proxier/bench_test.go`, same services as above): the user-space share of a sync. *Compile* is a full sync's compile; *Diff* compares two whole compiled rulesets (kept for tools and tests; the daemon no longer diffs whole rulesets); *Sync* is `proxier.SyncChanges` of one change, given the changed service port as the tracker hands it over, with a kernel that does nothing — the incremental compiler's whole share of an update.\n\n")
-	t := &table{head: []string{"benchmark", "time/op", "memory/op", "allocations/op"}}
+	t := &e2e.Table{Head: []string{"benchmark", "time/op", "memory/op", "allocations/op"}}
 	for _, g := range r.GoBench {
-		t.rows = append(t.rows, []string{"`" + g.Name + "`", fmtMS(g.NsPerOp / 1e6), fmtBytes(g.BytesPerOp), fmt.Sprintf("%.0f", g.AllocsPerOp)})
+		t.Rows = append(t.Rows, []string{"`" + g.Name + "`", fmtMS(g.NsPerOp / 1e6), fmtBytes(g.BytesPerOp), fmt.Sprintf("%.0f", g.AllocsPerOp)})
 	}
-	t.write(b)
+	t.Write(b)
 }
 
 func (r *Results) writeSkipped(p func(string, ...any)) {

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/nftproxy/nftproxy/e2e"
 )
 
 // Run is one proxy's pass over the suite.
@@ -32,7 +34,7 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 			byName[res.Name][r.Proxy] = res
 		}
 	}
-	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | not reached | time |\n|---|---|---|---|---|---|\n")
+	totals := &e2e.Table{Head: []string{"proxy", "passed", "failed", "skipped", "not reached", "time"}}
 	for _, r := range runs {
 		n := map[string]int{}
 		for _, res := range r.Results {
@@ -42,11 +44,13 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 		if r.Err != nil {
 			errNote = " (ended early: below)"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s%s |\n", r.Proxy, n["passed"], n["failed"], n["skipped"], n[notReached], r.Duration.Round(time.Second), errNote)
+		totals.Rows = append(totals.Rows, []string{r.Proxy, fmt.Sprint(n["passed"]), fmt.Sprint(n["failed"]), fmt.Sprint(n["skipped"]),
+			fmt.Sprint(n[notReached]), r.Duration.Round(time.Second).String() + errNote})
 	}
+	totals.Write(&b)
 	for _, r := range runs {
 		if r.Err != nil {
-			fmt.Fprintf(&b, "\n%s ended early:\n\n```\n%s\n```\n", r.Proxy, strings.TrimSpace(r.Err.Error()))
+			fmt.Fprintf(&b, "%s ended early:\n\n```\n%s\n```\n\n", r.Proxy, strings.TrimSpace(r.Err.Error()))
 		}
 	}
 	names := make([]string, 0, len(byName))
@@ -54,32 +58,30 @@ func Markdown(runs []Run, focus, skip string, when time.Time, setup string) stri
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Fprintf(&b, "\n| test |")
+	tests := &e2e.Table{Head: []string{"test"}}
 	for _, r := range runs {
-		fmt.Fprintf(&b, " %s |", r.Proxy)
+		tests.Head = append(tests.Head, r.Proxy)
 	}
-	fmt.Fprintf(&b, " reason (skip or failure) |\n|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("---|\n")
+	tests.Head = append(tests.Head, "reason (skip or failure)")
 	for _, n := range names {
-		fmt.Fprintf(&b, "| %s |", escape(n))
+		row := []string{escape(n)}
 		var reasons []string
 		for _, r := range runs {
 			res, ok := byName[n][r.Proxy]
 			if !ok {
-				b.WriteString(" not run |")
+				row = append(row, "not run")
 				continue
 			}
-			fmt.Fprintf(&b, " %s |", res.State)
+			row = append(row, res.State)
 			if res.Reason != "" && res.State != "passed" {
 				reasons = append(reasons, r.Proxy+": "+res.Reason)
 			}
 		}
-		fmt.Fprintf(&b, " %s |\n", escape(strings.Join(dedupe(reasons), "; ")))
+		tests.Rows = append(tests.Rows, append(row, escape(strings.Join(dedupe(reasons), "; "))))
 	}
-	return b.String()
+	tests.Write(&b)
+	// The page ends with the table, not a blank line.
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // notReached is the state of a spec the suite's timeout cut off: ginkgo
